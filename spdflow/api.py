@@ -1,0 +1,321 @@
+"""The objects the engine and plugins exchange.
+
+Everything a plugin implements or receives is defined here, so a plugin author reads one file.
+This module imports only numpy and pydantic: lint and schema never pull in an ML framework.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pydantic import BaseModel
+
+    from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
+
+# --------------------------------------------------------------------------------------------
+# shapes
+
+#: The ONNX dynamic-axis symbols, in the order they appear in specializations.json.
+SYMBOL_ORDER = ("batch_size", "seq_len", "ctx_len", "num_logits_to_keep", "full_batch_size")
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One compiled shape: values for the ONNX dynamic-axis symbols.
+
+    ``kind`` is "prefill" or "decode"; ``k`` is the number of speculative tokens a decode
+    shape verifies (seq_len = K+1), None for prefill.
+    """
+
+    kind: str
+    batch_size: int
+    seq_len: int
+    ctx_len: int
+    num_logits_to_keep: int
+    full_batch_size: int | None = None
+    k: int | None = None
+
+    def symbols(self) -> dict[str, int]:
+        """The symbol -> value mapping, in SYMBOL_ORDER, without unset symbols."""
+        values = {name: getattr(self, name) for name in SYMBOL_ORDER}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+# --------------------------------------------------------------------------------------------
+# models and export
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about an exported causal LM."""
+
+    name: str
+    model_type: str
+    vocab_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    source_dir: Path
+    tokenizer_file: Path | None
+
+
+@dataclass
+class ExportRequest:
+    """Input of the export stage: turn one HF causal LM into the ONNX of DESIGN §4."""
+
+    model: "ModelSpec"
+    model_dir: Path  # already resolved to a local directory
+    role: str  # "target" or "draft"
+    continuous_batching: bool
+    work_dir: Path  # an empty temp dir; the engine renames it into place when the hook returns
+    progress: Callable[[str], None] = lambda message: None
+
+
+@dataclass
+class ExportResult:
+    """Output of the export stage. Paths point inside ``ExportRequest.work_dir``."""
+
+    onnx_path: Path
+    model_info: ModelInfo
+    files: list[Path] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# compile and run
+
+
+@dataclass
+class CompileRequest:
+    """Input of the compile stage for one model (target or draft)."""
+
+    onnx_path: Path
+    export_dir: Path  # qpc-<hash>/ directories are created here
+    specializations: list[Specialization]
+    num_speculative_tokens: list[int]  # the sorted, deduplicated K-list
+    devices: "DevicesSpec"
+    model_info: ModelInfo
+    role: str
+    continuous_batching: bool
+    compile_only: bool = False
+    specializations_format: str = "flat"
+    force: bool = False
+    progress: Callable[[str], None] = lambda message: None
+
+
+@dataclass
+class CompiledProgram:
+    """A compiled program directory ``qpc-<hash>/`` and how it came to be."""
+
+    backend: str
+    qpc_dir: Path  # the qpc-<hash> directory
+    key: str  # the 16 hex digits in its name
+    cached: bool
+    reason: str
+    specializations: list[Specialization]
+    model_info: ModelInfo
+    command: list[str] | None = None  # the compiler command, where there is one
+    runnable: bool = True  # False for --compile-only programs that were not compiled here
+
+
+class Session(Protocol):
+    """A loaded compiled program with its KV cache resident (on device or in host memory).
+
+    ``run`` picks the specialization from the shapes it is given, as qaicrt does. The KV cache
+    has ``kv_batch_size`` rows (``full_batch_size`` under continuous batching); a run with
+    ``batch_index`` writes and reads only those rows. The returned logits
+    ``[batch, num_logits_to_keep, vocab]`` may be a view of a reused buffer: valid until the
+    next ``run``.
+    """
+
+    kv_batch_size: int
+    ctx_len: int
+    vocab_size: int
+    specializations: list[Specialization]
+
+    def run(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        num_logits_to_keep: int,
+        batch_index: np.ndarray | None = None,
+    ) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+class Backend:
+    """A compile target plus its runtime. Registered by name via spdflow_register_backends."""
+
+    name: str = ""
+    version: str = "0"
+
+    def unavailable_reason(self) -> str | None:
+        """None when sessions can be opened here, else one sentence saying what is missing."""
+        return None
+
+    def compile(self, request: CompileRequest) -> CompiledProgram:
+        raise NotImplementedError
+
+    def open_session(self, program: CompiledProgram, *, threads: int | None = None) -> Session:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------
+# generation: propose -> choose K -> verify -> accept
+
+
+@dataclass
+class Request:
+    """One prompt of the workload, tokenized."""
+
+    index: int
+    prompt: str
+    prompt_ids: np.ndarray  # int64 [n]
+    max_new_tokens: int
+    seed: int
+
+
+@dataclass
+class ProposeInput:
+    """What a proposer sees of one active request in a step.
+
+    ``tokens`` is prompt + generated so far (int64); its last token is the anchor that the
+    target verifies next, and proposals continue after it. ``k_max`` is how many tokens this
+    request can use this step (the largest compiled K, less when the request is near its end).
+    """
+
+    slot: int
+    request_index: int
+    tokens: np.ndarray
+    num_prompt_tokens: int
+    k_max: int
+
+
+@dataclass
+class Proposal:
+    """Up to k_max proposed tokens; ``probs[i]`` is the draft distribution token i was drawn
+    from (float32 [n, vocab]) when the proposer has one, else None (point-mass drafts)."""
+
+    tokens: np.ndarray
+    probs: np.ndarray | None = None
+
+    @staticmethod
+    def empty() -> "Proposal":
+        return Proposal(np.zeros(0, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of the workload; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class ProposerContext:
+    """What a proposer factory gets besides its own validated config."""
+
+    recipe: "Recipe"
+    target: ModelInfo
+    sampling: Sampling
+    run_dir: Path
+    #: builds (export + specialize + compile, cached) and opens a session for another model,
+    #: e.g. a draft: build_session(model_spec, k_list=[...], role="draft") -> (Session, ModelInfo)
+    build_session: Callable[..., Any] | None = None
+
+
+class Proposer:
+    """Base class of proposers. One instance serves one run; state is kept per slot.
+
+    The engine calls, for each request: ``add_request`` when it takes a slot, then every
+    step ``propose`` (batched over active slots) and ``on_accepted`` with the tokens the step
+    appended (also on K = 0 steps and on the prefill's first token), and ``remove_request`` when
+    it leaves the slot.
+    """
+
+    name: str = ""
+    #: True when the proposer can return fewer than k_max tokens (or none).
+    may_propose_nothing: bool = True
+
+    def add_request(self, slot: int, request: Request) -> None:
+        pass
+
+    def propose(self, inputs: Sequence[ProposeInput]) -> list[Proposal]:
+        raise NotImplementedError
+
+    def on_accepted(self, slot: int, tokens: np.ndarray) -> None:
+        pass
+
+    def remove_request(self, slot: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class AcceptRow:
+    """One batch row at the accept step."""
+
+    slot: int
+    proposal: Proposal  # already clipped to the request's k_max
+    rng: np.random.Generator
+
+
+class Acceptor:
+    """Turns target logits and proposals into the tokens each request appends.
+
+    ``accept(logits, rows, sampling)`` gets logits [batch, K+1, vocab] (row i of ``rows`` is
+    batch row i; row j of the K+1 belongs to the anchor for j = 0 and to proposal j-1 after)
+    and returns, per row, the accepted proposal prefix followed by exactly one token from the
+    target (bonus or correction). So 1 <= len(result) <= len(proposal) + 1.
+    """
+
+    name: str = ""
+
+    def accept(
+        self, logits: np.ndarray, rows: Sequence[AcceptRow], sampling: Sampling
+    ) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+class KPolicy:
+    """Chooses the compiled K of a step from the proposal counts of the batch."""
+
+    name: str = ""
+
+    def choose_k(self, proposal_counts: Sequence[int], compiled_ks: Sequence[int]) -> int:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------
+# registration
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One named implementation a plugin registered (proposer, backend, ...)."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    config: "type[BaseModel] | None"
+    plugin: str
+    description: str = ""
+
+
+REGISTRATION_KINDS = ("proposer", "backend", "k_policy", "acceptor", "workload")
+
+
+def replace(obj, **changes):
+    """dataclasses.replace, re-exported so plugins need not import dataclasses."""
+    return dataclasses.replace(obj, **changes)

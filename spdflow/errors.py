@@ -1,0 +1,55 @@
+"""One exception hierarchy; each error knows its exit code.
+
+Exit codes (documented in README.md, tested in tests/test_cli.py):
+0 ok, 1 run or lint failure, 2 usage, 3 invalid recipe, 4 plugin fault, 130 interrupted.
+"""
+from __future__ import annotations
+
+
+class SpdflowError(Exception):
+    """Base of every error spdflow reports to a user as one sentence."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(SpdflowError):
+    """The command line was wrong (bad flag value, bad --set)."""
+
+    exit_code = 2
+
+
+class RecipeError(SpdflowError):
+    """The recipe cannot be read or does not validate; carries every finding."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, findings=None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.findings = list(findings or [])
+
+
+class PluginError(SpdflowError):
+    """A plugin failed to load or broke the plugin contract."""
+
+    exit_code = 4
+
+
+class StageError(SpdflowError):
+    """A stage (export, compile, generation, ...) failed at run time."""
+
+    exit_code = 1
+
+
+class BackendUnavailableError(StageError):
+    """The backend's runtime or compiler is not installed on this machine."""
+
+
+class RunInterrupted(SpdflowError):
+    """The user pressed Ctrl-C; the partial report says so."""
+
+    exit_code = 130

@@ -1,0 +1,187 @@
+"""The plugin manager: entry-point loading, the registry of named implementations, listing.
+
+No manager exists at import time: ``get_plugin_manager()`` builds one per call (one per CLI
+invocation, one per test).
+"""
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from spdflow import hookspecs
+from spdflow.api import REGISTRATION_KINDS, Registration
+from spdflow.errors import PluginError
+
+ENTRY_POINT_GROUP = "spdflow"
+
+_REGISTER_HOOKS = {
+    "proposer": "spdflow_register_proposers",
+    "backend": "spdflow_register_backends",
+    "k_policy": "spdflow_register_k_policies",
+    "acceptor": "spdflow_register_acceptors",
+    "workload": "spdflow_register_workloads",
+}
+
+
+@dataclass
+class PluginInfo:
+    """One loaded (or failed) plugin, as ``spdflow plugins`` shows it."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    entry_point: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    registered: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+
+
+class SpdflowPluginManager(pluggy.PluginManager):
+    """pluggy's manager plus what spdflow keeps about each plugin."""
+
+    def __init__(self) -> None:
+        super().__init__("spdflow")
+        self.add_hookspecs(hookspecs)
+        self.infos: dict[str, PluginInfo] = {}
+        self._registry: dict[str, dict[str, Registration]] | None = None
+
+    # -- loading -------------------------------------------------------------------------
+
+    def load_entry_points(self) -> None:
+        """Load every ``spdflow`` entry point, each in its own try/except.
+
+        ``SPDFLOW_LOAD_PLUGINS`` (comma-separated entry-point names, may be empty) restricts
+        which are loaded.
+        """
+        allowed = os.environ.get("SPDFLOW_LOAD_PLUGINS")
+        allow = None if allowed is None else {n.strip() for n in allowed.split(",") if n.strip()}
+        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            if allow is not None and ep.name not in allow:
+                continue
+            if self.get_plugin(ep.name) is not None or ep.name in self.infos:
+                continue
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(
+                name=ep.name,
+                distribution=dist.name if dist else None,
+                version=dist.version if dist else None,
+                entry_point=ep.value,
+            )
+            self.infos[ep.name] = info
+            try:
+                module = ep.load()
+                self.register(module, name=ep.name)
+            except Exception as exc:  # a broken plugin must not break the others
+                info.error = f"{type(exc).__name__}: {exc}"
+
+    def add_plugin(self, plugin: Any, name: str, *, distribution: str | None = None, version: str | None = None) -> None:
+        """Register an in-process plugin (built-ins, tests, embedding applications)."""
+        self.register(plugin, name=name)
+        self.infos[name] = PluginInfo(name=name, distribution=distribution, version=version)
+        self._registry = None
+
+    # -- registry ------------------------------------------------------------------------
+
+    def registry(self) -> dict[str, dict[str, Registration]]:
+        """kind -> name -> Registration, built once by calling every registration hook.
+
+        Each hook implementation is called on its own so every registration knows its plugin;
+        a duplicate name is a PluginError naming both plugins.
+        """
+        if self._registry is not None:
+            return self._registry
+        table: dict[str, dict[str, Registration]] = {kind: {} for kind in REGISTRATION_KINDS}
+        for kind, hook_name in _REGISTER_HOOKS.items():
+            hook = getattr(self.hook, hook_name)
+            for impl in hook.get_hookimpls():
+                plugin_name = self.get_name(impl.plugin) or "?"
+
+                def register(name, factory, *, config=None, description="", _kind=kind, _plugin=plugin_name):
+                    if not isinstance(name, str) or not name:
+                        raise PluginError(f"plugin '{_plugin}' registered a {_kind} without a name")
+                    if name in table[_kind]:
+                        other = table[_kind][name].plugin
+                        raise PluginError(
+                            f"{_kind} '{name}' is registered twice, by plugin '{other}' and by plugin '{_plugin}'",
+                            hint="uninstall one of the two plugins",
+                        )
+                    table[_kind][name] = Registration(_kind, name, factory, config, _plugin, description)
+
+                try:
+                    impl.function(register)
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin '{plugin_name}' failed in {hook_name}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                info = self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name))
+                names = [r.name for r in table[kind].values() if r.plugin == plugin_name]
+                if names:
+                    info.registered[kind] = names
+        self._registry = table
+        return table
+
+    def lookup(self, kind: str, name: str) -> Registration:
+        """The registration of ``name``; a PluginError with a did-you-mean if unknown."""
+        table = self.registry()[kind]
+        if name in table:
+            return table[name]
+        raise PluginError(unknown_name_message(kind, name, list(table)), hint=unknown_name_hint(kind, name, self))
+
+    def describe(self) -> list[PluginInfo]:
+        """Every plugin with its hooks and registered names (registry built if possible)."""
+        try:
+            self.registry()
+        except PluginError:
+            pass
+        for name, info in self.infos.items():
+            plugin = self.get_plugin(name)
+            if plugin is not None:
+                info.hooks = sorted(impl.name for impl in _hookimpls_of(self, plugin))
+        return sorted(self.infos.values(), key=lambda i: i.name)
+
+
+def _hookimpls_of(pm: pluggy.PluginManager, plugin: Any):
+    for caller in pm.get_hookcallers(plugin) or []:
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin:
+                yield caller
+
+
+def unknown_name_message(kind: str, name: str, known: list[str]) -> str:
+    label = kind.replace("_", " ")
+    message = f"unknown {label} '{name}'"
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        message += f"; did you mean '{close[0]}'?"
+    return message
+
+
+def unknown_name_hint(kind: str, name: str, pm: "SpdflowPluginManager") -> str:
+    known = sorted(pm.registry()[kind])
+    broken = [i.name for i in pm.infos.values() if i.error]
+    hint = f"installed {kind.replace('_', ' ')}s: {', '.join(known) or 'none'}"
+    if broken:
+        hint += f"; plugins that failed to load: {', '.join(broken)} (see `spdflow plugins`)"
+    return hint
+
+
+def get_plugin_manager(*, load_entry_points: bool = True) -> SpdflowPluginManager:
+    """A fresh plugin manager with the built-in glue and (by default) every installed plugin."""
+    from spdflow import builtin
+
+    pm = SpdflowPluginManager()
+    pm.add_plugin(builtin, "builtin", distribution="spdflow")
+    if load_entry_points:
+        pm.load_entry_points()
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"a plugin implements an unknown hook: {exc}") from exc
+    return pm
