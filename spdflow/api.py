@@ -231,6 +231,9 @@ class ProposerContext:
     #: builds (export + specialize + compile, cached) and opens a session for another model,
     #: e.g. a draft: build_session(model_spec, k_list=[...], role="draft") -> (Session, ModelInfo)
     build_session: Callable[..., Any] | None = None
+    #: the greedy no-spec continuation of request i (computed once by the engine on first
+    #: call); for proposers that model acceptance, like ``synthetic``.
+    reference_output: Callable[[int], np.ndarray] | None = None
 
 
 class Proposer:
