@@ -107,6 +107,9 @@ class CompileRequest:
     specializations_format: str = "flat"
     force: bool = False
     progress: Callable[[str], None] = lambda message: None
+    #: the model's weight dtype (recipe ``model.dtype``): float32 | float16 | bfloat16. QAIC
+    #: derives the KV cache precision and -convert-to-fp16 from it.
+    dtype: str = "float32"
 
 
 @dataclass

@@ -1,0 +1,187 @@
+"""The ``spdflow`` command: thin commands that parse, call one library function, and render.
+
+Results go to stdout; progress, warnings and errors to stderr.
+
+Exit codes: 0 ok · 1 run failure or lint findings · 2 usage · 3 invalid recipe ·
+4 plugin fault · 130 interrupted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from spdflow import __version__
+from spdflow.errors import RecipeError, SpdflowError
+
+EXIT_CODES = {0: "ok", 1: "run failed or lint findings", 2: "usage error", 3: "invalid recipe",
+              4: "plugin fault", 130: "interrupted (Ctrl-C)"}
+
+
+def _verbose() -> bool:
+    return os.environ.get("SPDFLOW_DEBUG") == "1" or "--verbose" in sys.argv or "-v" in sys.argv[1:2]
+
+
+def report_error(exc: SpdflowError) -> None:
+    """One sentence (plus located findings and a hint) on stderr."""
+    err = click.get_text_stream("stderr")
+    if isinstance(exc, RecipeError) and exc.findings:
+        for finding in exc.findings:
+            err.write(finding.render() + "\n")
+    err.write(f"Error: {exc.message}\n")
+    if exc.hint:
+        err.write(f"Hint: {exc.hint}\n")
+    if _verbose():
+        traceback.print_exception(exc, file=err)
+    elif exc.__cause__ is not None and not isinstance(exc.__cause__, SpdflowError):
+        err.write("(re-run with --verbose for the traceback)\n")
+
+
+class SpdflowGroup(click.Group):
+    """Turns SpdflowError into one sentence and its exit code, in one place."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SpdflowError as exc:
+            report_error(exc)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=SpdflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="spdflow")
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks on errors.")
+def cli(verbose: bool) -> None:
+    """spdflow — speculative decoding recipes for static-shape accelerators.
+
+    \b
+      spdflow run recipes/tinycode_varK.yaml    export → specialize → compile → generate → report
+      spdflow lint recipes/                      schema + semantic checks (exit 1 on findings)
+      spdflow bench recipes/tinycode_varK.yaml   no-spec vs fixed-K vs varK side by side
+      spdflow plugins                            installed plugins, hooks and names
+
+    Exit codes: 0 ok, 1 run failure or lint findings, 2 usage, 3 invalid recipe,
+    4 plugin fault, 130 interrupted.
+    """
+    if verbose:
+        os.environ["SPDFLOW_DEBUG"] = "1"
+
+
+def _pm():
+    from spdflow.plugins import get_plugin_manager
+
+    return get_plugin_manager()
+
+
+set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                          help="Override a recipe key (dotted path; value parsed as YAML). Repeatable.")
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@set_option
+@click.option("--force", is_flag=True, help="Rerun every stage, ignoring the cache.")
+@click.option("--from", "from_stage", type=click.Choice(["export", "specialize", "compile", "generate"]),
+              help="Rerun this stage and the ones after it.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (stages, specializations, compile command); run nothing.")
+@click.option("--compile-only", is_flag=True, help="Export and write the compiled program's files (and compile.sh); do not generate.")
+@click.option("--check-lossless", is_flag=True, help="Also run the no-spec baseline and record whether every request's tokens are identical.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write report.json here.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the summary table.")
+def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossless, report_path, quiet, as_json):
+    """Run RECIPE: export, specialize, compile, generate, and write the run report."""
+    from spdflow.engine.run import RunOptions
+    from spdflow.recipe.loader import load_recipe
+    from spdflow.runner import dry_run_plan, run_recipe
+
+    pm = _pm()
+    loaded = load_recipe(recipe, pm, list(overrides))
+    options = RunOptions(force=force, from_stage=from_stage, dry_run=dry_run, compile_only=compile_only,
+                         check_lossless=check_lossless, report_path=report_path)
+    if dry_run:
+        click.echo(dry_run_plan(pm, loaded, options))
+        return
+    report = run_recipe(pm, loaded, options, quiet=quiet)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@set_option
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "github"]), default="text", show_default=True)
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+def lint(paths, overrides, fmt, strict):
+    """Check recipes (files, directories, globs): schema errors and semantic rules.
+
+    Exit 0 clean (warnings allowed unless --strict), 1 findings, 3 unreadable or invalid recipe.
+    """
+    from spdflow import lint as linting
+
+    result = linting.lint_paths(list(paths), _pm(), list(overrides))
+    text = linting.render(result, fmt)
+    if text:
+        click.echo(text)
+    sys.exit(result.exit_code(strict))
+
+
+@cli.command()
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file instead of stdout.")
+def schema(output):
+    """Print the recipe's JSON Schema, including every installed plugin's config.
+
+    Use it from an editor with a first line `# yaml-language-server: $schema=<file>`.
+    """
+    from spdflow.recipe.jsonschema import recipe_json_schema
+
+    text = json.dumps(recipe_json_schema(_pm()), indent=2)
+    if output:
+        from spdflow.engine.cache import write_text_atomic
+
+        write_text_atomic(output, text + "\n")
+    else:
+        click.echo(text)
+
+
+@cli.command()
+@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True)
+def plugins(fmt):
+    """List installed plugins: distribution, version, hooks, registered names, load errors."""
+    from dataclasses import asdict
+
+    infos = _pm().describe()
+    if fmt == "json":
+        click.echo(json.dumps([asdict(i) for i in infos], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("plugin", "distribution", "version", "registers", "hooks", "error")
+    for i in infos:
+        registers = "; ".join(f"{k}: {', '.join(v)}" for k, v in i.registered.items())
+        table.add_row(i.name, i.distribution or "", i.version or "", registers, ", ".join(h.removeprefix("spdflow_") for h in i.hooks),
+                      i.error or "")
+    Console().print(table)
+
+
+def _register_bench() -> None:
+    try:
+        from spdflow.bench_cli import bench
+    except ImportError:
+        return
+    cli.add_command(bench)
+
+
+_register_bench()
+
+
+def main() -> None:
+    cli(prog_name="spdflow")

@@ -1,0 +1,96 @@
+"""Content-hash cache keys and verified done markers for stage outputs.
+
+A stage's key is the sha256 of canonical JSON of (implementation, version, config, input
+digests): the same logical recipe gives the same key whatever the YAML key order. A finished
+output directory holds ``.spdflow-done.json`` listing its files with their digests; an output
+without it, or whose files no longer match, is not trusted (a warning, then a rebuild).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DONE_MARKER = ".spdflow-done.json"
+KEY_SCHEMA = 1
+#: files above this size are identified by size and mtime instead of a full sha256
+FULL_HASH_LIMIT = 256 * 1024 * 1024
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+
+
+def stage_key(impl: str, version: str, config: Any, inputs: dict[str, str]) -> str:
+    """The full sha256 hex key of one stage invocation."""
+    payload = {"key_schema": KEY_SCHEMA, "impl": impl, "version": version, "config": config, "inputs": inputs}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, or ``size:mtime`` identity for very large files (model shards)."""
+    stat = path.stat()
+    if stat.st_size > FULL_HASH_LIMIT:
+        return f"stat:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dir_digest(path: Path, patterns: tuple[str, ...] = ("*",)) -> dict[str, str]:
+    """Digests of the files directly in ``path`` matching ``patterns``."""
+    files = sorted({p for pattern in patterns for p in path.glob(pattern) if p.is_file()})
+    return {p.name: file_digest(p) for p in files}
+
+
+def write_done(directory: Path, extra: dict[str, Any] | None = None) -> None:
+    """Record every file under ``directory`` with its digest: the output is complete."""
+    files = {
+        str(p.relative_to(directory)): file_digest(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != DONE_MARKER
+    }
+    write_json_atomic(directory / DONE_MARKER, {"files": files, **(extra or {})})
+
+
+def read_done(directory: Path) -> tuple[dict[str, Any] | None, str]:
+    """(marker, "") when ``directory`` is complete and intact, else (None, why not)."""
+    marker_path = directory / DONE_MARKER
+    if not directory.is_dir():
+        return None, "not built yet"
+    if not marker_path.is_file():
+        return None, "a previous build did not finish"
+    try:
+        marker = json.loads(marker_path.read_text())
+        files = marker["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "its done marker is unreadable"
+    for name, digest in files.items():
+        path = directory / name
+        if not path.is_file():
+            return None, f"'{name}' is missing"
+        if file_digest(path) != digest:
+            return None, f"'{name}' does not match its recorded hash"
+    return marker, ""
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temp file in the same directory, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

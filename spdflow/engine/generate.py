@@ -1,0 +1,322 @@
+"""The generation loop: chunked prefill, then propose -> choose K -> verify -> accept.
+
+Semantics (DESIGN §4, with upstream bugs fixed):
+
+* A request owns one KV row ("slot"). Its tokens sit at positions 0..n-1; the last one, the
+  anchor, has no KV yet. A step feeds the anchor plus K proposals at positions
+  ``anchor_pos + 0..K`` — rebuilt every step — and -1 on unused slots, whose ids are the pad
+  token (never -1).
+* The last KV slot (ctx_len - 1) is never used for a real token: position -1 writes land there.
+  So a request stops with reason ``ctx_len`` once it holds ctx_len tokens.
+* Per step a request may use at most ``k_max = min(max K, tokens left - 1, room left)``
+  proposals, so speculation can never overshoot ``max_new_tokens`` or ctx_len and stops
+  exactly where one-token decoding would. EOS inside accepted tokens ends the request there.
+* Without continuous batching requests run in groups of ``batch_size``; with
+  ``full_batch_size`` they join free slots as others leave (batch-1 prefill into
+  ``batch_index``).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling
+from spdflow.errors import PluginError, SpdflowError, StageError
+
+
+@dataclass
+class RequestResult:
+    index: int
+    tokens: np.ndarray  # generated tokens only
+    stop_reason: str
+    prompt_tokens: int
+    ttft_s: float
+    finish_s: float
+
+
+@dataclass
+class _Live:
+    """A request in a slot."""
+
+    request: Request
+    slot: int
+    buffer: np.ndarray  # int64 [ctx_len]: prompt + generated
+    length: int
+    generated: int = 0
+    ttft_s: float = 0.0
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.buffer[: self.length]
+
+
+@dataclass
+class LoopConfig:
+    prefill_seq_len: int
+    ctx_len: int
+    batch_size: int
+    full_batch_size: int | None
+    k_list: list[int]
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    vocab_size: int
+    sampling: Sampling
+    ignore_eos: bool = False
+
+
+class Generator:
+    """Runs a workload through one target session with one proposer, policy and acceptor."""
+
+    def __init__(self, pm, session, config: LoopConfig, *, proposer=None, proposer_name: str = "",
+                 policy=None, acceptor=None, trace: Callable[[dict], None] | None = None,
+                 on_tokens: Callable[[int], None] | None = None):
+        self.pm = pm
+        self.session = session
+        self.cfg = config
+        self.proposer = proposer
+        self.proposer_name = proposer_name
+        self.policy = policy
+        self.acceptor = acceptor
+        self.trace = trace or (lambda record: None)
+        self.on_tokens = on_tokens or (lambda n: None)
+        self.ks = sorted(set(config.k_list))
+        self.max_k = self.ks[-1] if proposer is not None else 0
+        self.eos = np.array(config.eos_token_ids if not config.ignore_eos else (), dtype=np.int64)
+        self.rows = config.full_batch_size or config.batch_size
+        self.cb = config.full_batch_size is not None
+        self._ids = {k: np.full((self.rows, k + 1), config.pad_token_id, dtype=np.int64) for k in self.ks}
+        self._pos = {k: np.full((self.rows, k + 1), -1, dtype=np.int64) for k in self.ks}
+        self._arange = np.arange(max(self.ks) + 1, dtype=np.int64)
+        self._batch_index = np.arange(self.rows, dtype=np.int64).reshape(-1, 1) if self.cb else None
+        self.step_count = 0
+        self.t0 = 0.0
+
+    # ------------------------------------------------------------------------- public
+
+    def generate(self, requests: Sequence[Request]) -> list[RequestResult]:
+        """Generate for every request; results in request order."""
+        self.t0 = time.perf_counter()
+        results: dict[int, RequestResult] = {}
+        pending = deque(requests)
+        slots: list[_Live | None] = [None] * self.rows
+        try:
+            while pending or any(slots):
+                self._admit(pending, slots, results)
+                if not any(slots):
+                    continue
+                self._step(slots, results)
+        finally:
+            for live in slots:
+                if live is not None and self.proposer is not None:
+                    self._call_proposer("remove_request", live.slot)
+        return [results[r.index] for r in requests]
+
+    # ------------------------------------------------------------------------- prefill
+
+    def _admit(self, pending: deque, slots: list, results: dict) -> None:
+        """Fill free slots: any free slot under CB, a whole new group otherwise."""
+        if self.cb:
+            free = [s for s, live in enumerate(slots) if live is None]
+            group = [(s, pending.popleft()) for s in free if pending]
+            for slot, request in group:
+                self._prefill([(slot, request)], slots, results)
+        elif not any(slots) and pending:
+            group = [(s, pending.popleft()) for s in range(self.rows) if pending]
+            self._prefill(group, slots, results)
+
+    def _prefill(self, group: list[tuple[int, Request]], slots: list, results: dict) -> None:
+        cfg = self.cfg
+        P = cfg.prefill_seq_len
+        batch = 1 if self.cb else self.rows
+        lives = []
+        for slot, request in group:
+            n = len(request.prompt_ids)
+            if n == 0:
+                raise StageError(f"prompt {request.index} is empty after tokenization", hint="remove empty prompts")
+            if n > cfg.ctx_len - 1:
+                raise StageError(f"prompt {request.index} has {n} tokens but ctx_len {cfg.ctx_len} holds at most {cfg.ctx_len - 1}",
+                                 hint="raise specialization.ctx_len or shorten the prompt")
+            buffer = np.full(cfg.ctx_len, cfg.pad_token_id, dtype=np.int64)
+            buffer[:n] = request.prompt_ids
+            rng = np.random.default_rng([request.seed, request.index])
+            lives.append(_Live(request, slot, buffer, n, rng=rng))
+        started = time.perf_counter()
+        chunks = -(-max(l.length for l in lives) // P)
+        last_logits: dict[int, np.ndarray] = {}
+        ids = np.full((batch, P), cfg.pad_token_id, dtype=np.int64)
+        pos = np.full((batch, P), -1, dtype=np.int64)
+        for c in range(chunks):
+            ids.fill(cfg.pad_token_id)
+            pos.fill(-1)
+            ends = {}
+            for row, live in enumerate(lives):
+                r = 0 if self.cb else live.slot
+                lo, hi = c * P, min((c + 1) * P, live.length)
+                if lo < hi:
+                    ids[r, : hi - lo] = live.buffer[lo:hi]
+                    pos[r, : hi - lo] = np.arange(lo, hi)
+                    if hi == live.length:
+                        ends[row] = r
+            batch_index = np.array([[lives[0].slot]], dtype=np.int64) if self.cb else None
+            logits = self.pm.hook.spdflow_verify(session=self.session, input_ids=ids, position_ids=pos,
+                                                 num_logits_to_keep=1, batch_index=batch_index)
+            for row, r in ends.items():
+                last_logits[row] = np.array(logits[r, 0])
+        accepted = self._accept_first(lives, last_logits)
+        now = time.perf_counter() - self.t0
+        for row, live in enumerate(lives):
+            live.ttft_s = now
+            slots[live.slot] = live
+            if self.proposer is not None:
+                self._call_proposer("add_request", live.slot, live.request)
+            self.trace({"kind": "prefill", "t": now, "request": live.request.index, "slot": live.slot,
+                        "chunks": chunks, "duration_s": time.perf_counter() - started})
+            self._append(live, accepted[row], slots, results)
+
+    def _accept_first(self, lives, last_logits) -> list[np.ndarray]:
+        """The first token of each request, from its last prefill logits (greedy or sampled)."""
+        logits = np.stack([last_logits[row] for row in range(len(lives))])[:, None, :]
+        rows = [AcceptRow(live.slot, Proposal.empty(), live.rng) for live in lives]
+        return self._accept(logits, rows)
+
+    # ------------------------------------------------------------------------- decode
+
+    def _step(self, slots: list, results: dict) -> None:
+        cfg = self.cfg
+        step_start = time.perf_counter()
+        active = [live for live in slots if live is not None]
+        k_max = {live.slot: self._k_max(live) for live in active}
+        proposals, propose_s = self._propose(active, k_max)
+        counts = [len(p.tokens) for p in proposals]
+        k = self._choose_k(counts)
+        ids, pos = self._ids[k], self._pos[k]
+        ids.fill(cfg.pad_token_id)
+        pos.fill(-1)
+        rows = []
+        for live, proposal in zip(active, proposals):
+            tokens = proposal.tokens[:k]
+            if len(tokens) < len(proposal.tokens):
+                proposal = Proposal(tokens, None if proposal.probs is None else proposal.probs[:k])
+            n = len(tokens)
+            anchor_pos = live.length - 1
+            ids[live.slot, 0] = live.buffer[anchor_pos]
+            ids[live.slot, 1 : n + 1] = tokens
+            pos[live.slot, : n + 1] = self._arange[: n + 1] + anchor_pos
+            rows.append(AcceptRow(live.slot, proposal, live.rng))
+        verify_start = time.perf_counter()
+        logits = self.pm.hook.spdflow_verify(session=self.session, input_ids=ids, position_ids=pos,
+                                             num_logits_to_keep=k + 1, batch_index=self._batch_index)
+        verify_s = time.perf_counter() - verify_start
+        if len(active) == self.rows and all(live.slot == i for i, live in enumerate(active)):
+            row_logits = logits
+        else:
+            row_logits = logits[[live.slot for live in active]]
+        accepted = self._accept(row_logits, rows)
+        trace_rows = []
+        for live, row, tokens in zip(active, rows, accepted):
+            proposed = len(row.proposal.tokens)
+            n_acc = len(tokens) - 1
+            emitted = self._append(live, tokens, slots, results)
+            trace_rows.append({"request": live.request.index, "slot": live.slot, "proposed": proposed,
+                               "accepted": n_acc, "emitted": emitted})
+        self.step_count += 1
+        end = time.perf_counter()
+        self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
+                    "propose_s": propose_s, "verify_s": verify_s,
+                    "host_s": max(0.0, end - step_start - propose_s - verify_s), "rows": trace_rows})
+
+    def _k_max(self, live: _Live) -> int:
+        left = live.request.max_new_tokens - live.generated - 1
+        room = (self.cfg.ctx_len - 2) - (live.length - 1)
+        return max(0, min(self.max_k, left, room))
+
+    def _propose(self, active, k_max) -> tuple[list[Proposal], float]:
+        if self.proposer is None or not any(k_max.values()):
+            return [Proposal.empty() for _ in active], 0.0
+        inputs = [ProposeInput(live.slot, live.request.index, live.tokens, len(live.request.prompt_ids), k_max[live.slot])
+                  for live in active]
+        start = time.perf_counter()
+        try:
+            proposals = self.pm.hook.spdflow_propose(proposer=self.proposer, inputs=inputs)
+        except SpdflowError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"proposer '{self.proposer_name}' failed: {type(exc).__name__}: {exc}") from exc
+        elapsed = time.perf_counter() - start
+        return self._checked(proposals, inputs), elapsed
+
+    def _checked(self, proposals, inputs) -> list[Proposal]:
+        """Proposals must match the inputs one-to-one, fit k_max and stay in the vocabulary."""
+        name = self.proposer_name
+        if not isinstance(proposals, list) or len(proposals) != len(inputs):
+            raise PluginError(f"proposer '{name}' returned {type(proposals).__name__} of length "
+                              f"{len(proposals) if hasattr(proposals, '__len__') else '?'} for {len(inputs)} requests")
+        checked = []
+        for proposal, item in zip(proposals, inputs):
+            tokens = np.asarray(proposal.tokens, dtype=np.int64).reshape(-1)
+            if len(tokens) > item.k_max:
+                raise PluginError(f"proposer '{name}' proposed {len(tokens)} tokens where k_max was {item.k_max}")
+            if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size):
+                raise PluginError(f"proposer '{name}' proposed a token id outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+            checked.append(Proposal(tokens, proposal.probs))
+        return checked
+
+    def _choose_k(self, counts: list[int]) -> int:
+        if self.proposer is None:
+            return self.ks[0]
+        k = self.policy.choose_k(counts, self.ks)
+        if k not in self.ks:
+            raise PluginError(f"the K policy chose K={k}, which is not compiled (compiled: {self.ks})")
+        return k
+
+    def _accept(self, logits, rows) -> list[np.ndarray]:
+        return self.pm.hook.spdflow_accept(acceptor=self.acceptor, logits=logits, rows=rows, sampling=self.cfg.sampling)
+
+    def _append(self, live: _Live, tokens: np.ndarray, slots: list, results: dict) -> int:
+        """Append accepted tokens, clipped at EOS / max_new_tokens / ctx_len; retire if done."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        reason = None
+        if len(self.eos):
+            hits = np.nonzero(np.isin(tokens, self.eos))[0]
+            if len(hits):
+                tokens = tokens[: hits[0] + 1]
+                reason = "eos"
+        left = live.request.max_new_tokens - live.generated
+        if len(tokens) >= left:
+            tokens = tokens[:left]
+            reason = reason or "max_new_tokens"
+        n = len(tokens)
+        live.buffer[live.length : live.length + n] = tokens
+        live.length += n
+        live.generated += n
+        if reason is None and live.length >= self.cfg.ctx_len:
+            reason = "ctx_len"
+        if self.proposer is not None:
+            self._call_proposer("on_accepted", live.slot, tokens)
+        self.on_tokens(n)
+        if reason is not None:
+            self._retire(live, reason, slots, results)
+        return n
+
+    def _retire(self, live: _Live, reason: str, slots: list, results: dict) -> None:
+        now = time.perf_counter() - self.t0
+        results[live.request.index] = RequestResult(live.request.index, live.tokens[len(live.request.prompt_ids):].copy(),
+                                                    reason, len(live.request.prompt_ids), live.ttft_s, now)
+        self.trace({"kind": "request", "request": live.request.index, "prompt_tokens": len(live.request.prompt_ids),
+                    "generated_tokens": live.generated, "ttft_s": live.ttft_s, "finish_s": now, "stop_reason": reason})
+        slots[live.slot] = None
+        if self.proposer is not None:
+            self._call_proposer("remove_request", live.slot)
+
+    def _call_proposer(self, method: str, *args) -> None:
+        try:
+            getattr(self.proposer, method)(*args)
+        except SpdflowError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"proposer '{self.proposer_name}' failed in {method}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,478 @@
+"""Running a recipe: plan the stages, skip what is cached, generate, and write the report.
+
+Stages: export -> specialize -> compile -> generate -> report. Each stage records a status
+(ran, cached, failed, not_run), the reason, its duration and its cache key.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spdflow import __version__
+from spdflow.api import (
+    CompileRequest,
+    CompiledProgram,
+    ExportRequest,
+    ModelInfo,
+    ProposerContext,
+    Request,
+    Sampling,
+    Specialization,
+)
+from spdflow.engine import cache
+from spdflow.errors import PluginError, RunInterrupted, SpdflowError, StageError
+from spdflow.recipe.loader import LoadedRecipe
+from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
+
+STAGES = ("export", "specialize", "compile", "generate", "report")
+
+
+@dataclass
+class RunOptions:
+    force: bool = False
+    from_stage: str | None = None
+    dry_run: bool = False
+    compile_only: bool = False
+    check_lossless: bool = False
+    report_path: Path | None = None
+    k_policy: str | None = None  # bench overrides
+    proposer_off: bool = False
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str = "not_run"
+    reason: str = ""
+    duration_s: float = 0.0
+    cache_key: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunState:
+    """The mutable state of one run, passed to lifecycle hooks."""
+
+    recipe: Recipe
+    run_dir: Path
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    stages: dict[str, StageResult] = field(default_factory=lambda: {n: StageResult(n) for n in STAGES})
+    status: str = "running"
+    error: dict[str, str] | None = None
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    t0: float = field(default_factory=time.perf_counter)
+    lossless: dict[str, Any] | None = None
+    outputs: list[dict] = field(default_factory=list)
+
+
+class NullUI:
+    """The interface the engine reports progress through (the CLI passes a rich one)."""
+
+    def stage(self, name: str, status: str, reason: str = "") -> None: ...
+    def message(self, text: str) -> None: ...
+    def warn(self, text: str) -> None: ...
+    def generation(self, total_tokens: int, label: str):
+        return _NullProgress()
+
+
+class _NullProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def advance(self, n: int) -> None: ...
+
+
+# ------------------------------------------------------------------------------- planning
+
+
+def should_force(stage: str, options: RunOptions) -> bool:
+    """--force reruns every stage; --from STAGE reruns that stage and those after it."""
+    if options.force:
+        return True
+    if options.from_stage is None:
+        return False
+    return STAGES.index(stage) >= STAGES.index(options.from_stage)
+
+
+def specializations_for(pm, recipe: Recipe, k_list: list[int] | None = None) -> list[Specialization]:
+    spec = recipe.specialization
+    shapes = pm.hook.spdflow_specialize(
+        num_speculative_tokens=k_list if k_list is not None else recipe.k_list(),
+        prefill_seq_len=spec.prefill_seq_len, ctx_len=spec.ctx_len,
+        batch_size=spec.batch_size, full_batch_size=spec.full_batch_size,
+    )
+    if not shapes:
+        raise PluginError("no plugin implements spdflow_specialize", hint="reinstall spdflow (the 'shapes' plugin)")
+    return list(shapes)
+
+
+def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool) -> str:
+    impls = sorted(f"{pm.get_name(i.plugin)}" for i in pm.hook.spdflow_export.get_hookimpls())
+    inputs = cache.dir_digest(model_dir, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
+    config = {"dtype": model.dtype, "role": role, "continuous_batching": cb}
+    return cache.stage_key("spdflow_export:" + ",".join(impls), __version__, config, inputs)
+
+
+# ------------------------------------------------------------------------------- stages
+
+
+class Engine:
+    """Runs one recipe; ``run()`` returns the RunState (report written) or raises after
+    writing a partial report."""
+
+    def __init__(self, pm, loaded: LoadedRecipe, options: RunOptions, ui=None):
+        self.pm = pm
+        self.loaded = loaded
+        self.recipe = loaded.recipe
+        self.options = options
+        self.ui = ui or NullUI()
+        self.run_dir = self.recipe.output_dir()
+        self.state = RunState(self.recipe, self.run_dir)
+        self._sessions: list[Any] = []
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _begin(self, name: str) -> tuple[StageResult, float]:
+        return self.state.stages[name], time.perf_counter()
+
+    def _end(self, stage: StageResult, start: float, status: str, reason: str) -> None:
+        stage.status, stage.reason = status, reason
+        stage.duration_s = round(time.perf_counter() - start, 4)
+        self.ui.stage(stage.name, status, reason)
+        self.pm.hook.spdflow_after_stage(stage=stage, run=self.state)
+
+    def backend(self):
+        registration = self.pm.lookup("backend", self.recipe.devices.backend)
+        return registration.factory()
+
+    # -- export ---------------------------------------------------------------------------
+
+    def export(self, model: ModelSpec, role: str) -> tuple[Path, ModelInfo, str, bool, str]:
+        """Export one model (cached); returns (onnx path, model info, key, cached, reason)."""
+        from spdflow.models import resolve_model_dir
+
+        cb = self.recipe.specialization.full_batch_size is not None
+        model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision)
+        key = export_key(self.pm, model, model_dir, role, cb)
+        target = self.run_dir / "export" / f"{role}-{key[:16]}"
+        if not should_force("export", self.options):
+            marker, why = cache.read_done(target)
+            if marker is not None:
+                return target / marker["onnx"], _model_info(marker["model_info"]), key, True, f"cached (key {key[:8]}…)"
+            if target.exists():
+                self.ui.warn(f"export of {role} model in '{target}' is not trusted ({why}); rebuilding")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile_dir(target))
+        try:
+            request = ExportRequest(model=model, model_dir=model_dir, role=role, continuous_batching=cb,
+                                    work_dir=work, progress=self.ui.message)
+            result = self.pm.hook.spdflow_export(request=request)
+            if result is None:
+                raise PluginError("no plugin implements spdflow_export", hint="reinstall spdflow (the 'onnx' plugin)")
+            info = result.model_info
+            cache.write_done(work, {"onnx": result.onnx_path.name, "key": key, "model_info": _model_info_json(info)})
+            if target.exists():
+                shutil.rmtree(target)
+            work.rename(target)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        info = _model_info(_model_info_json(info))
+        return target / result.onnx_path.name, info, key, False, "ran (no cached export with this key)"
+
+    # -- compile --------------------------------------------------------------------------
+
+    def compile(self, onnx: Path, info: ModelInfo, shapes: list[Specialization], k_list: list[int],
+                role: str, devices: DevicesSpec) -> CompiledProgram:
+        request = CompileRequest(
+            onnx_path=onnx, export_dir=onnx.parent, specializations=shapes, num_speculative_tokens=k_list,
+            devices=devices, model_info=info, role=role,
+            continuous_batching=self.recipe.specialization.full_batch_size is not None,
+            compile_only=self.options.compile_only, specializations_format=devices.specializations_format,
+            force=should_force("compile", self.options), progress=self.ui.message,
+        )
+        program = self.pm.hook.spdflow_compile(request=request, backend=self.backend())
+        if program is None:
+            raise PluginError(f"backend '{devices.backend}' returned no compiled program")
+        return program
+
+    def build_model(self, model: ModelSpec, role: str, k_list: list[int], devices: DevicesSpec):
+        """export + specialize + compile one model, recording stage results for the target."""
+        record = role == "target"
+        stage, start = self._begin("export")
+        try:
+            onnx, info, key, cached, reason = self.export(model, role)
+        except BaseException:
+            if record:
+                self._end(stage, start, "failed", "export failed")
+            raise
+        if record:
+            stage.cache_key = key[:16]
+            self._end(stage, start, "cached" if cached else "ran", reason)
+        stage, start = self._begin("specialize")
+        shapes = specializations_for(self.pm, self.recipe, k_list)
+        if record:
+            stage.detail = {"specializations": [s.symbols() for s in shapes]}
+            self._end(stage, start, "ran", f"{len(shapes)} shapes")
+        stage, start = self._begin("compile")
+        try:
+            program = self.compile(onnx, info, shapes, k_list, role, devices)
+        except BaseException:
+            if record:
+                self._end(stage, start, "failed", "compile failed")
+            raise
+        if record:
+            stage.cache_key = program.key
+            stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command}
+            self._end(stage, start, "cached" if program.cached else "ran", program.reason)
+        return program, info
+
+    def open_session(self, program: CompiledProgram):
+        backend = self.backend()
+        session = backend.open_session(program, threads=self.recipe.devices.threads)
+        self._sessions.append(session)
+        return session
+
+    def build_draft_session(self, model_id: str, k_list: list[int], role: str = "draft",
+                            device_ids: list[int] | None = None, num_cores: int | None = None):
+        """For proposers with their own model: the same stages, its own shapes and devices."""
+        devices = self.recipe.devices.model_copy(update={
+            k: v for k, v in (("device_ids", device_ids), ("num_cores", num_cores)) if v is not None})
+        model = ModelSpec(id=model_id, dtype=self.recipe.model.dtype)
+        program, info = self.build_model(model, role, sorted(set(k_list)), devices)
+        if not program.runnable:
+            raise StageError("the draft model was compiled with --compile-only and cannot run here")
+        return self.open_session(program), info
+
+    # -- generate -------------------------------------------------------------------------
+
+    def generate(self, program: CompiledProgram, info: ModelInfo) -> None:
+        from spdflow.engine.generate import Generator, LoopConfig
+        from spdflow.workload import load_prompts
+
+        recipe = self.recipe
+        stage, start = self._begin("generate")
+        try:
+            tokenizer = load_tokenizer(info)
+            prompts = load_prompts(recipe.workload, self.loaded.base_dir, self.pm)
+            requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
+                                recipe.workload.max_new_tokens, recipe.workload.seed) for i, text in enumerate(prompts)]
+            check_prompts(requests, recipe)
+            session = self.open_session(program)
+            sampling = Sampling(recipe.workload.temperature, recipe.workload.top_k, recipe.workload.top_p)
+            spec = recipe.specialization
+            config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
+                                recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
+                                sampling, recipe.workload.ignore_eos)
+            acceptor = self.pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
+            policy_name = self.options.k_policy or recipe.k_policy
+            policy = self.pm.lookup("k_policy", policy_name).factory()
+            baseline: dict[int, np.ndarray] = {}
+            proposer, proposer_name = None, ""
+            if recipe.proposer is not None and not self.options.proposer_off and policy_name != "nospec":
+                proposer_name = recipe.proposer.uses
+                proposer = self._make_proposer(info, sampling, baseline)
+            need_baseline = self.options.check_lossless or getattr(proposer, "needs_reference_output", False)
+            if need_baseline and proposer is not None:
+                baseline_gen = Generator(self.pm, session, config, acceptor=acceptor, policy=policy)
+                with self.ui.generation(sum(r.max_new_tokens for r in requests), "baseline (no-spec)") as bar:
+                    baseline_gen.on_tokens = bar.advance
+                    for result in baseline_gen.generate(requests):
+                        baseline[result.index] = result.tokens
+            records = self.state.records
+            generator = Generator(self.pm, session, config, proposer=proposer, proposer_name=proposer_name,
+                                  policy=policy, acceptor=acceptor, trace=records.append)
+            with self.ui.generation(sum(r.max_new_tokens for r in requests), "generate") as bar:
+                generator.on_tokens = bar.advance
+                results = generator.generate(requests)
+            if proposer is not None:
+                proposer.close()
+            self.state.outputs = [
+                {"request": r.index, "prompt": requests[r.index].prompt, "output": tokenizer.decode(r.tokens.tolist()),
+                 "tokens": r.tokens.tolist(), "stop_reason": r.stop_reason} for r in results]
+            if self.options.check_lossless and proposer is not None:
+                mismatched = [r.index for r in results if not np.array_equal(r.tokens, baseline[r.index])]
+                self.state.lossless = {"checked": True, "identical": not mismatched, "mismatched_requests": mismatched,
+                                       "baseline": "greedy no-spec on the same session" if sampling.temperature == 0
+                                       else "no-spec with the same seeds (sampled: identity not expected)"}
+            elif self.options.check_lossless:
+                self.state.lossless = {"checked": True, "identical": True, "mismatched_requests": [],
+                                       "baseline": "this run is the no-spec baseline"}
+        except KeyboardInterrupt:
+            self._end(stage, start, "failed", "interrupted")
+            raise
+        except BaseException as exc:
+            self._end(stage, start, "failed", _one_line(exc))
+            raise
+        tokens = sum(len(o["tokens"]) for o in self.state.outputs)
+        self._end(stage, start, "ran", f"{len(requests)} requests, {tokens} tokens")
+
+    def _make_proposer(self, info: ModelInfo, sampling: Sampling, baseline: dict):
+        recipe = self.recipe
+        registration = self.pm.lookup("proposer", recipe.proposer.uses)
+        config = self.loaded.proposer_config
+        if config is None and registration.config is not None:
+            config = registration.config.model_validate(recipe.proposer.with_)
+        ctx = ProposerContext(recipe=recipe, target=info, sampling=sampling, run_dir=self.run_dir,
+                              build_session=self.build_draft_session,
+                              reference_output=lambda i: baseline[i])
+        try:
+            return registration.factory(config, ctx)
+        except SpdflowError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"proposer '{recipe.proposer.uses}' (plugin '{registration.plugin}') failed to start: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+    # -- the whole run --------------------------------------------------------------------
+
+    def run(self) -> RunState:
+        state = self.state
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.pm.hook.spdflow_before_run(recipe=self.recipe, run=state)
+        try:
+            program, info = self.build_model(self.recipe.model, "target", self.recipe.k_list(), self.recipe.devices)
+            if not program.runnable:
+                state.stages["generate"].reason = "compile-only: nothing to run here"
+                state.stages["generate"].status = "skipped"
+            else:
+                self.generate(program, info)
+            state.status = "ok"
+        except KeyboardInterrupt:
+            state.status = "interrupted"
+            state.error = {"stage": _current_stage(state), "message": "interrupted by the user (Ctrl-C)"}
+            self._finish()
+            raise RunInterrupted("interrupted by the user; the partial report is in " + str(self.run_dir / "report.json"))
+        except SpdflowError as exc:
+            state.status = "failed"
+            state.error = {"stage": _current_stage(state), "message": exc.message}
+            self._finish()
+            raise
+        except Exception as exc:
+            state.status = "failed"
+            state.error = {"stage": _current_stage(state), "message": _one_line(exc)}
+            self._finish()
+            raise StageError(f"stage '{_current_stage(state)}' failed: {_one_line(exc)}") from exc
+        self._finish()
+        return state
+
+    def _finish(self) -> None:
+        for session in self._sessions:
+            try:
+                session.close()
+            except Exception:
+                pass
+        self._sessions.clear()
+        self.pm.hook.spdflow_after_run(recipe=self.recipe, run=self.state)
+        stage, start = self._begin("report")
+        try:
+            from spdflow.report.build import write_run_report
+
+            write_run_report(self)
+            self._end(stage, start, "ran", "report.json, report.md, report.html")
+        except Exception as exc:  # the report must never hide the run's own error
+            self._end(stage, start, "failed", _one_line(exc))
+            if self.state.status == "ok":
+                raise
+
+
+# ------------------------------------------------------------------------------- small helpers
+
+
+def tempfile_dir(target: Path) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+
+
+def _model_info_json(info: ModelInfo) -> dict:
+    return {"name": info.name, "model_type": info.model_type, "vocab_size": info.vocab_size, "num_layers": info.num_layers,
+            "num_kv_heads": info.num_kv_heads, "head_dim": info.head_dim, "eos_token_ids": list(info.eos_token_ids),
+            "pad_token_id": info.pad_token_id, "source_dir": str(info.source_dir),
+            "tokenizer_file": str(info.tokenizer_file) if info.tokenizer_file else None}
+
+
+def _model_info(data: dict) -> ModelInfo:
+    return ModelInfo(data["name"], data["model_type"], data["vocab_size"], data["num_layers"], data["num_kv_heads"],
+                     data["head_dim"], tuple(data["eos_token_ids"]), data["pad_token_id"], Path(data["source_dir"]),
+                     Path(data["tokenizer_file"]) if data["tokenizer_file"] else None)
+
+
+def load_tokenizer(info: ModelInfo):
+    from tokenizers import Tokenizer
+
+    if info.tokenizer_file is None or not Path(info.tokenizer_file).is_file():
+        raise StageError(f"model '{info.name}' has no tokenizer.json in '{info.source_dir}'",
+                         hint="spdflow reads the fast-tokenizer file; save one with tokenizer.save_pretrained()")
+    return Tokenizer.from_file(str(info.tokenizer_file))
+
+
+def check_prompts(requests: list[Request], recipe: Recipe) -> None:
+    """Every prompt must be non-empty and leave room in the KV cache."""
+    limit = recipe.specialization.ctx_len - 1
+    for r in requests:
+        if len(r.prompt_ids) == 0:
+            raise StageError(f"prompt {r.index} is empty", hint="remove empty prompts from the workload")
+        if len(r.prompt_ids) > limit:
+            raise StageError(f"prompt {r.index} has {len(r.prompt_ids)} tokens but ctx_len {recipe.specialization.ctx_len} "
+                             f"leaves room for {limit}", hint="raise specialization.ctx_len or shorten the prompt")
+
+
+def _current_stage(state: RunState) -> str:
+    for name in STAGES:
+        if state.stages[name].status in ("failed", "running"):
+            return name
+    for name in STAGES:
+        if state.stages[name].status == "not_run":
+            return name
+    return "report"
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, SpdflowError):
+        return exc.message
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def peak_rss_mb() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(usage / 1024 if sys.platform != "darwin" else usage / (1024 * 1024), 1)
+
+
+def environment() -> dict[str, Any]:
+    import importlib.metadata as md
+    import os
+
+    versions = {}
+    for name in ("numpy", "onnx", "onnxruntime", "torch", "transformers", "tokenizers", "pydantic", "pluggy"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    return {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
+            "cpu_count": os.cpu_count(), "packages": versions}
+
+
+def write_json(path: Path, obj) -> None:
+    cache.write_json_atomic(path, obj)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    cache.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -1,0 +1,301 @@
+"""Recipe text -> validated ``Recipe``, with every error located at path:line:col.
+
+``read_recipe`` never raises for a bad recipe: it returns the findings, so ``lint`` can report
+all of them; ``load_recipe`` raises one ``RecipeError`` carrying them all.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from spdflow.errors import PluginError, RecipeError, UsageError
+from spdflow.recipe import checks
+from spdflow.recipe.schema import Recipe
+from spdflow.recipe.yamlsource import Finding, Location, YamlDocument, YamlProblem, parse_yaml
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe plus where it came from."""
+
+    recipe: Recipe | None
+    path: Path
+    document: YamlDocument | None
+    proposer_config: BaseModel | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.resolve().parent
+
+
+def parse_override(expr: str) -> tuple[tuple[str, ...], Any]:
+    """``dotted.key=value`` -> (("dotted", "key"), value parsed as YAML)."""
+    key, sep, raw = expr.partition("=")
+    if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
+        raise UsageError(f"--set '{expr}' is not of the form dotted.key=value",
+                         hint="e.g. --set num_speculative_tokens=[0,2,4]")
+    try:
+        value = parse_yaml(raw, f"--set {expr}").data
+    except YamlProblem as exc:
+        raise UsageError(f"--set '{expr}': the value is not valid YAML ({exc.finding.message})") from None
+    return tuple(key.strip().split(".")), value
+
+
+def apply_overrides(document: YamlDocument, overrides: list[str]) -> None:
+    """Apply --set overrides in order; their values get the override as their location."""
+    if not isinstance(document.data, dict):
+        return
+    for expr in overrides:
+        keys, value = parse_override(expr)
+        node = document.data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[keys[-1]] = value
+        location = Location(f"--set {expr}")
+        for path in [p for p in list(document.positions) if p[: len(keys)] == keys]:
+            del document.positions[path]
+        for i in range(1, len(keys) + 1):
+            document.positions.setdefault(keys[:i], location)
+        _mark_all(value, keys, location, document)
+
+
+def _mark_all(value: Any, path: tuple, location: Location, document: YamlDocument) -> None:
+    document.positions[path] = location
+    document.key_positions[path] = location
+    if isinstance(value, dict):
+        for key, child in value.items():
+            _mark_all(child, path + (key,), location, document)
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            _mark_all(child, path + (i,), location, document)
+
+
+# ------------------------------------------------------------------------------- validation
+
+_CODES = {
+    "extra_forbidden": "SPD010",
+    "missing": "SPD011",
+    "literal_error": "SPD013",
+    "enum": "SPD013",
+    "string_pattern_mismatch": "SPD016",
+    "value_error": "SPD015",
+    "assertion_error": "SPD015",
+}
+_RANGE_TYPES = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long")
+
+
+def pydantic_findings(error: ValidationError, document: YamlDocument, prefix: tuple, model: type[BaseModel]) -> list[Finding]:
+    """Map pydantic errors to located findings, one per error."""
+    findings = []
+    for item in error.errors(include_url=False):
+        loc = _data_path(document.data, prefix + tuple(item["loc"]))
+        kind = item["type"]
+        code = _CODES.get(kind, "SPD014" if kind in _RANGE_TYPES else "SPD012")
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        hint = None
+        if kind == "extra_forbidden":
+            key = loc[-1]
+            allowed = _fields_at(model, loc[len(prefix):-1])
+            message = f"unknown key '{key}' in {'.'.join(map(str, loc[:-1])) or 'the recipe'}"
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            if close:
+                message += f"; did you mean '{close[0]}'?"
+            hint = f"allowed keys: {', '.join(allowed)}" if allowed else None
+            location = document.location(loc, key=True)
+        elif kind == "missing":
+            message = f"missing required key '{where}'"
+            hint = "see `spdflow schema` for every key"
+            location = document.location(loc[:-1])
+        else:
+            got = _value_at(document.data, loc)
+            message = f"{where}: {_clean(item['msg'])}" + (f" (got {got!r})" if got is not _MISSING and not isinstance(got, (dict, list)) else "")
+            location = document.location(loc)
+        findings.append(Finding(location, code, message, hint))
+    return findings
+
+
+_MISSING = object()
+
+
+def _clean(msg: str) -> str:
+    msg = msg.replace("Value error, ", "")
+    return msg[:1].lower() + msg[1:]
+
+
+def _data_path(data: Any, loc: tuple) -> tuple:
+    """Drop pydantic's union-branch tags (e.g. 'list[int]') that are not keys in the data."""
+    path: list = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            path.append(part)
+            node = node[part]
+        elif part == "with" or isinstance(node, dict):
+            path.append(part)
+            node = None
+        # anything else is a union tag; skip it
+    return tuple(path)
+
+
+def _value_at(data: Any, loc: tuple) -> Any:
+    node = data
+    for part in loc:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return node
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names (aliases where set) of the model found at ``loc`` under ``model``."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        info = _field_by_name(current, part)
+        if info is None:
+            return []
+        current = _model_in(info.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return [info.alias or name for name, info in current.model_fields.items()]
+    return []
+
+
+def _field_by_name(model: type[BaseModel], name: str):
+    for field_name, info in model.model_fields.items():
+        if name in (field_name, info.alias):
+            return info
+    return None
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def validate_document(document: YamlDocument, pm, path: Path) -> LoadedRecipe:
+    """Schema, plugin names, plugin configs and cross-field checks; collects every finding."""
+    loaded = LoadedRecipe(None, path, document)
+    data = document.data
+    if not isinstance(data, dict):
+        loaded.findings.append(Finding(document.location(()), "SPD012", "the recipe must be a YAML mapping (key: value lines)",
+                                       "start from recipes/tinycode_varK.yaml"))
+        return loaded
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        loaded.findings.extend(pydantic_findings(exc, document, (), Recipe))
+        return loaded
+    loaded.recipe = recipe
+    loaded.findings.extend(check_names(recipe, document, pm))
+    loaded.proposer_config = validate_proposer_config(recipe, document, pm, loaded.findings)
+    loaded.findings.extend(checks.run_checks(recipe, document))
+    return loaded
+
+
+_NAMED = (
+    ("proposer", ("proposer", "uses"), lambda r: r.proposer.uses if r.proposer else None, "SPD020"),
+    ("backend", ("devices", "backend"), lambda r: r.devices.backend, "SPD021"),
+    ("k_policy", ("k_policy",), lambda r: r.k_policy, "SPD022"),
+    ("acceptor", ("acceptance",), lambda r: r.resolved_acceptance(), "SPD023"),
+    ("workload", ("workload", "builtin"), lambda r: r.workload.builtin, "SPD024"),
+)
+
+
+def check_names(recipe: Recipe, document: YamlDocument, pm) -> list[Finding]:
+    """Every name the recipe uses must be registered by an installed plugin."""
+    from spdflow.plugins import unknown_name_hint, unknown_name_message
+
+    findings = []
+    registry = pm.registry()
+    for kind, path, get, code in _NAMED:
+        name = get(recipe)
+        if name is None or name in registry[kind]:
+            continue
+        findings.append(Finding(document.location(path), code, unknown_name_message(kind, name, list(registry[kind])),
+                                unknown_name_hint(kind, name, pm)))
+    return findings
+
+
+def validate_proposer_config(recipe: Recipe, document: YamlDocument, pm, findings: list[Finding]) -> BaseModel | None:
+    """Validate ``proposer.with`` against the proposer plugin's own config model."""
+    if recipe.proposer is None:
+        return None
+    registration = pm.registry()["proposer"].get(recipe.proposer.uses)
+    if registration is None or registration.config is None:
+        return None
+    try:
+        return registration.config.model_validate(recipe.proposer.with_)
+    except ValidationError as exc:
+        findings.extend(pydantic_findings(exc, document, ("proposer", "with"), registration.config))
+        return None
+
+
+def read_recipe(path: Path | str, pm, overrides: list[str] | None = None) -> LoadedRecipe:
+    """Read, parse and validate a recipe file; bad content becomes findings, never an exception.
+
+    Only a bad ``--set`` expression raises (UsageError): it is a command-line problem.
+    """
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return _unreadable(path, f"no such file '{path}'", "check the path")
+    except IsADirectoryError:
+        return _unreadable(path, f"'{path}' is a directory, not a recipe file", None)
+    except UnicodeDecodeError as exc:
+        return _unreadable(path, f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})", None)
+    except OSError as exc:
+        return _unreadable(path, f"cannot read the file: {exc.strerror}", None)
+    try:
+        document = parse_yaml(text, source)
+    except YamlProblem as exc:
+        return LoadedRecipe(None, path, None, findings=[exc.finding])
+    apply_overrides(document, overrides or [])
+    return validate_document(document, pm, path)
+
+
+def _unreadable(path: Path, message: str, hint: str | None) -> LoadedRecipe:
+    return LoadedRecipe(None, path, None, findings=[Finding(Location(str(path)), "SPD000", message, hint)])
+
+
+def load_recipe(path: Path | str, pm, overrides: list[str] | None = None) -> LoadedRecipe:
+    """Like read_recipe, but a recipe with any error raises one RecipeError with all findings."""
+    loaded = read_recipe(path, pm, overrides)
+    errors = loaded.errors
+    if errors:
+        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        raise RecipeError(f"recipe '{path}' is invalid: {count}", findings=errors)
+    return loaded
+
+
+def require_plugin_names(loaded: LoadedRecipe, pm) -> None:
+    """Raise PluginError when a name the recipe uses belongs to a plugin that failed to load."""
+    broken = [info for info in pm.infos.values() if info.error]
+    if broken and any(f.code in {"SPD020", "SPD021", "SPD022", "SPD023", "SPD024"} for f in loaded.findings):
+        raise PluginError("; ".join(f"plugin '{b.name}' failed to load: {b.error}" for b in broken))

@@ -1,0 +1,186 @@
+"""Safe YAML with positions: plain data plus the line and column of every key and value.
+
+Only the YAML core types are built (mappings, sequences, strings, numbers, booleans, null);
+any other tag is an error, so a recipe can never construct Python objects. Duplicate keys,
+merge keys and oversized or too deeply nested documents (alias bombs included) are errors
+too. Every problem becomes a ``Finding`` so the caller can report all of them at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 1_000_000
+MAX_NODES = 20_000  # counted after alias expansion: a "billion laughs" stops here
+MAX_DEPTH = 40
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:timestamp",
+}
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a value came from: a file position, or a --set override."""
+
+    source: str
+    line: int = 1
+    col: int = 1
+
+    def render(self) -> str:
+        return f"{self.source}:{self.line}:{self.col}"
+
+
+@dataclass
+class Finding:
+    """One problem in a recipe; ``severity`` is "error" or "warning"."""
+
+    location: Location
+    code: str
+    message: str
+    hint: str | None = None
+    severity: str = "error"
+
+    def render(self) -> str:
+        text = f"{self.location.render()}: {self.code} {self.message}"
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.location.source,
+            "line": self.location.line,
+            "col": self.location.col,
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+Path_ = tuple  # a key path like ("devices", "device_ids", 2)
+
+
+class YamlProblem(Exception):
+    def __init__(self, finding: Finding):
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+class _Builder:
+    def __init__(self, source: str):
+        self.source = source
+        self.positions: dict[Path_, Location] = {}
+        self.key_positions: dict[Path_, Location] = {}
+        self.nodes = 0
+        self.constructor = yaml.SafeLoader("")  # only for its scalar resolution
+
+    def loc(self, node: yaml.Node) -> Location:
+        return Location(self.source, node.start_mark.line + 1, node.start_mark.column + 1)
+
+    def fail(self, node: yaml.Node, code: str, message: str, hint: str | None = None):
+        raise YamlProblem(Finding(self.loc(node), code, message, hint))
+
+    def build(self, node: yaml.Node, path: Path_, depth: int) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            self.fail(node, "SPD004", f"the document expands to more than {MAX_NODES} values",
+                      "recipes are small; remove the aliases that multiply the document")
+        if depth > MAX_DEPTH:
+            self.fail(node, "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels")
+        self.positions.setdefault(path, self.loc(node))
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, depth)
+        if isinstance(node, yaml.SequenceNode):
+            if node.tag != "tag:yaml.org,2002:seq":
+                self.fail(node, "SPD003", f"unsupported YAML tag '{node.tag}'", "recipes use plain YAML values only")
+            return [self.build(child, path + (i,), depth + 1) for i, child in enumerate(node.value)]
+        return self._scalar(node)
+
+    def _mapping(self, node: yaml.MappingNode, path: Path_, depth: int) -> dict:
+        if node.tag != "tag:yaml.org,2002:map":
+            self.fail(node, "SPD003", f"unsupported YAML tag '{node.tag}'", "recipes use plain YAML values only")
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                self.fail(key_node, "SPD003", "YAML merge keys ('<<') are not supported", "write the keys out")
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.fail(key_node, "SPD003", "a mapping key must be a plain string")
+            key = key_node.value
+            if key in result:
+                first = self.key_positions[path + (key,)]
+                self.fail(key_node, "SPD002", f"duplicate key '{key}' (first defined at line {first.line})",
+                          "keep one of the two")
+            self.key_positions[path + (key,)] = self.loc(key_node)
+            self.positions[path + (key,)] = self.loc(value_node)
+            result[key] = self.build(value_node, path + (key,), depth + 1)
+        return result
+
+    def _scalar(self, node: yaml.ScalarNode) -> Any:
+        if node.tag not in _SCALAR_TAGS:
+            self.fail(node, "SPD003", f"unsupported YAML tag '{node.tag}'",
+                      "recipes cannot construct objects; use plain values")
+        if node.tag == "tag:yaml.org,2002:timestamp":
+            return node.value  # a date is just text to a recipe
+        try:
+            return self.constructor.construct_object(node)
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+            self.fail(node, "SPD001", f"cannot read the value '{node.value[:40]}': {exc}")
+
+
+@dataclass
+class YamlDocument:
+    data: Any
+    positions: dict[Path_, Location]
+    key_positions: dict[Path_, Location]
+    source: str
+
+    def location(self, path: Path_, *, key: bool = False) -> Location:
+        """The best-known position for ``path``: the key or value itself, else its nearest parent."""
+        table = self.key_positions if key else self.positions
+        probe = tuple(path)
+        while probe:
+            if probe in table:
+                return table[probe]
+            if not key and probe in self.positions:
+                return self.positions[probe]
+            probe = probe[:-1]
+        return self.positions.get((), Location(self.source))
+
+
+def parse_yaml(text: str, source: str) -> YamlDocument:
+    """Parse one YAML document into plain data with positions; raises YamlProblem."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise YamlProblem(Finding(Location(source), "SPD004", f"the file is larger than {MAX_BYTES // 1000} kB",
+                                  "a recipe is a short YAML file"))
+    builder = _Builder(source)
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        location = Location(source, mark.line + 1, mark.column + 1) if mark else Location(source)
+        problem = (exc.problem or exc.context or "invalid YAML").strip()
+        raise YamlProblem(Finding(location, "SPD001", f"invalid YAML: {problem}", "check indentation and quoting"))
+    except yaml.YAMLError as exc:
+        raise YamlProblem(Finding(Location(source), "SPD001", f"invalid YAML: {exc}"))
+    except RecursionError:
+        raise YamlProblem(Finding(Location(source), "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels"))
+    if node is None:
+        return YamlDocument(None, {(): Location(source)}, {}, source)
+    try:
+        data = builder.build(node, (), 0)
+    except RecursionError:
+        raise YamlProblem(Finding(Location(source), "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels"))
+    return YamlDocument(data, builder.positions, builder.key_positions, source)

@@ -1,0 +1,193 @@
+"""The run report: ``report.json``'s versioned schema (``report_version: 1``).
+
+The engine builds a :class:`RunReport` at the end of every run (ok, failed or interrupted);
+``spdflow.report.render`` writes it as JSON, Markdown and HTML; :func:`load_report` reads it
+back. Fields may be added within version 1, never removed or changed in meaning.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spdflow.errors import SpdflowError
+from spdflow.report.metrics import Metrics
+
+REPORT_VERSION = 1
+
+#: Packages whose versions the environment records. Read with importlib.metadata, so none
+#: of them is imported (torch alone takes seconds).
+ENVIRONMENT_PACKAGES = ("spdflow", "numpy", "pydantic", "onnx", "onnxruntime", "torch", "transformers", "tokenizers")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PluginRecord(_Model):
+    """One loaded plugin."""
+
+    name: str = Field(description="Entry-point (or in-process) plugin name.")
+    distribution: str | None = Field(None, description="The installed distribution that ships it.")
+    version: str | None = Field(None, description="That distribution's version.")
+
+
+class Environment(_Model):
+    """Where the run happened."""
+
+    python: str = Field(description="Python version, e.g. 3.11.7.")
+    platform: str = Field(description="platform.platform().")
+    machine: str = Field(description="platform.machine(), e.g. x86_64.")
+    cpu_count: int | None = Field(description="Logical CPUs (os.cpu_count()).")
+    packages: dict[str, str | None] = Field(
+        description="Installed versions of the relevant packages; null when not installed."
+    )
+
+
+class StageRecord(_Model):
+    """What one stage did."""
+
+    name: str = Field(description="export, specialize, compile, generate, report (or a plugin's stage).")
+    status: Literal["ran", "cached", "skipped", "failed", "not_run"] = Field(
+        description="ran; cached (cache key unchanged, output reused); skipped (not needed, e.g. "
+        "--compile-only generation); failed; not_run (an earlier stage failed or the run stopped)."
+    )
+    reason: str = Field("", description="Why it ran, was cached or skipped, in a few words.")
+    duration_s: float | None = Field(None, description="Wall time of the stage (s).")
+    cache_key: str | None = Field(None, description="Content hash that decides whether the stage reruns.")
+    detail: dict[str, Any] = Field(default_factory=dict, description="Stage-specific facts (paths, counts).")
+
+
+class Artifact(_Model):
+    """One file the run produced."""
+
+    name: str = Field(description="What the file is, e.g. target.onnx, trace.")
+    path: str = Field(description="Path relative to the run directory, POSIX form.")
+    sha256: str | None = Field(None, description="Hex SHA-256 of the file content.")
+    bytes: int | None = Field(None, description="File size in bytes.")
+
+
+class Lossless(_Model):
+    """Whether speculative output matched the no-spec baseline token for token."""
+
+    checked: bool = Field(description="True when a baseline was available and compared.")
+    identical: bool | None = Field(None, description="True when every request's tokens matched; null when not checked.")
+    mismatched_requests: list[int] = Field(default_factory=list, description="Indices of requests whose tokens differ.")
+    baseline: str = Field("", description="What the output was compared with, or why it was not.")
+
+
+class ErrorRecord(_Model):
+    """Why a run failed or stopped."""
+
+    stage: str | None = Field(None, description="The stage that failed, if any.")
+    message: str = Field(description="The one-sentence error shown to the user.")
+
+
+class RunReport(_Model):
+    """Everything ``report.json`` holds about one run."""
+
+    report_version: Literal[1] = Field(REPORT_VERSION, description="Schema version of this file.")
+    run_id: str = Field(description="Unique id of the run (name + start time).")
+    status: Literal["ok", "failed", "interrupted"] = Field(description="How the run ended.")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="The validated recipe, as a plain mapping.")
+    recipe_path: str | None = Field(None, description="The recipe file the run was started from.")
+    recipe_sha256: str | None = Field(None, description="Hex SHA-256 of the recipe file's bytes.")
+    spdflow_version: str = Field(description="spdflow version that wrote the report.")
+    plugins: list[PluginRecord] = Field(default_factory=list, description="Plugins loaded for the run.")
+    environment: Environment | None = Field(None, description="Python, platform and package versions.")
+    stages: list[StageRecord] = Field(default_factory=list, description="Stages in run order.")
+    artifacts: list[Artifact] = Field(default_factory=list, description="Files the run produced.")
+    metrics: Metrics | None = Field(None, description="Generation metrics; null when generation did not run.")
+    lossless: Lossless | None = Field(None, description="Comparison with the no-spec baseline, when done.")
+    peak_rss_mb: float | None = Field(None, description="Peak resident memory of the run process (MiB).")
+    error: ErrorRecord | None = Field(None, description="Set when status is failed or interrupted.")
+    started_at: str = Field(description="Start time, ISO 8601 with time zone.")
+    duration_s: float | None = Field(None, description="Wall time of the whole run (s).")
+    paths: dict[str, str] = Field(default_factory=dict, description="Named paths: run_dir, trace, report files.")
+
+    @model_validator(mode="after")
+    def _share_engine_facts_with_metrics(self) -> "RunReport":
+        # Metrics also carries peak RSS and the lossless verdict (so a metrics table alone is
+        # complete); keep the two copies in step whichever side the engine filled.
+        if self.metrics is None:
+            return self
+        if self.peak_rss_mb is None:
+            self.peak_rss_mb = self.metrics.peak_rss_mb
+        elif self.metrics.peak_rss_mb is None:
+            self.metrics.peak_rss_mb = self.peak_rss_mb
+        if self.metrics.lossless is None and self.lossless is not None and self.lossless.checked:
+            self.metrics.lossless = self.lossless.identical
+        return self
+
+
+# ------------------------------------------------------------------------------------------
+# builders the engine uses
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or None; never imports it."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def collect_environment(packages: tuple[str, ...] = ENVIRONMENT_PACKAGES) -> Environment:
+    """The :class:`Environment` of this process."""
+    return Environment(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        machine=platform.machine(),
+        cpu_count=os.cpu_count(),
+        packages={name: package_version(name) for name in packages},
+    )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks (ONNX weights can be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def make_artifact(run_dir: Path, path: Path, name: str | None = None, *, hash_file: bool = True) -> Artifact:
+    """An :class:`Artifact` for ``path`` (inside ``run_dir``) with its size and hash."""
+    path = Path(path)
+    relative = path.resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    return Artifact(
+        name=name or path.name,
+        path=relative,
+        sha256=sha256_file(path) if hash_file else None,
+        bytes=path.stat().st_size,
+    )
+
+
+def load_report(path: Path) -> RunReport:
+    """Read a ``report.json`` (or a run directory holding one).
+
+    Raises :class:`spdflow.errors.SpdflowError` with one sentence when the file is missing,
+    is not JSON, or does not match the schema.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpdflowError(f"cannot read the run report {path}: {exc.strerror}", hint="run `spdflow run` first") from exc
+    try:
+        return RunReport.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise SpdflowError(
+            f"{path} is not a valid spdflow run report: {where}: {first['msg']}",
+            hint="it may come from a newer spdflow; rerun the recipe to rewrite it",
+        ) from exc

@@ -1,0 +1,79 @@
+"""Library entry points behind ``spdflow run``: run a recipe, or describe its plan."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from spdflow.engine.run import Engine, RunOptions, specializations_for
+from spdflow.recipe.loader import LoadedRecipe
+
+
+def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = False) -> dict:
+    """Run every stage of the recipe; returns report.json's content. Raises SpdflowError on
+    failure after writing the partial report (its path is in the message's hint)."""
+    from spdflow.ui import RichUI
+
+    ui = RichUI(quiet=quiet)
+    engine = Engine(pm, loaded, options, ui)
+    try:
+        engine.run()
+    except Exception as exc:
+        if hasattr(exc, "hint") and getattr(exc, "hint", None) is None and (engine.run_dir / "report.json").exists():
+            exc.hint = f"partial report: {engine.run_dir / 'report.json'}; resume with " \
+                       f"`spdflow run {loaded.path}" + (f" --from {_resume_stage(engine)}`" if _resume_stage(engine) else "`")
+        raise
+    finally:
+        _copy_report(engine, options)
+    report = json.loads((engine.run_dir / "report.json").read_text())
+    if not quiet:
+        _print_summary(ui, engine, report)
+    return report
+
+
+def _resume_stage(engine) -> str | None:
+    for name, stage in engine.state.stages.items():
+        if stage.status == "failed" and name in ("export", "specialize", "compile", "generate"):
+            return name
+    return None
+
+
+def _copy_report(engine, options: RunOptions) -> None:
+    source = engine.run_dir / "report.json"
+    if options.report_path and source.exists():
+        options.report_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, options.report_path)
+
+
+def _print_summary(ui, engine, report: dict) -> None:
+    try:
+        from spdflow.report.render import summary_table
+        from spdflow.report.model import RunReport
+
+        ui.console.print(summary_table(RunReport.model_validate(report)))
+    except ImportError:
+        pass
+    ui.console.print(f"report: {engine.run_dir / 'report.md'}")
+
+
+def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> str:
+    """The plan as text: stages, specializations, compiled program and compile command; runs nothing."""
+    recipe = loaded.recipe
+    shapes = specializations_for(pm, recipe)
+    registration = pm.lookup("backend", recipe.devices.backend)
+    backend = registration.factory()
+    lines = [f"recipe: {loaded.path} (name '{recipe.name}')",
+             f"output: {recipe.output_dir()}",
+             f"model: {recipe.model.id} ({recipe.model.dtype})",
+             f"proposer: {recipe.proposer.uses if recipe.proposer else 'none (no-spec)'}; "
+             f"K-list {recipe.k_list()}; k_policy {recipe.k_policy}; acceptance {recipe.resolved_acceptance()}",
+             "stages: export -> specialize -> compile -> generate -> report",
+             f"specializations ({len(shapes)}):"]
+    lines += [f"  {s.kind:8} " + " ".join(f"{k}={v}" for k, v in s.symbols().items()) for s in shapes]
+    lines.append(f"backend: {recipe.devices.backend}")
+    describe = getattr(backend, "describe_compile", None)
+    if describe is not None:
+        lines += ["  " + line for line in describe(recipe, shapes)]
+    reason = backend.unavailable_reason()
+    if reason:
+        lines.append(f"note: backend '{recipe.devices.backend}' cannot run here: {reason}")
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""The prompts of a run: inline, from a .txt/.jsonl file, or a registered built-in set."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spdflow.errors import RecipeError
+from spdflow.recipe.schema import WorkloadSpec
+
+MAX_PROMPT_FILE_BYTES = 16 * 1024 * 1024
+
+
+def load_prompts(workload: WorkloadSpec, base_dir: Path, pm) -> list[str]:
+    """The workload's prompt texts, at most ``workload.count`` of them."""
+    if workload.prompts is not None:
+        prompts = list(workload.prompts)
+    elif workload.file is not None:
+        prompts = read_prompt_file(base_dir / workload.file)
+    else:
+        registration = pm.lookup("workload", workload.builtin)
+        prompts = list(registration.factory(workload.count, workload.seed))
+    prompts = prompts[: workload.count]
+    if not prompts:
+        raise RecipeError("the workload has no prompts", hint="check workload.prompts / workload.file")
+    return prompts
+
+
+def read_prompt_file(path: Path) -> list[str]:
+    """One prompt per non-empty line (.txt) or per JSON object with a 'prompt' key (.jsonl)."""
+    if not path.is_file():
+        raise RecipeError(f"prompt file '{path}' does not exist", hint="paths are relative to the recipe's folder")
+    size = path.stat().st_size
+    if size > MAX_PROMPT_FILE_BYTES:
+        raise RecipeError(f"prompt file '{path}' is {size // (1024 * 1024)} MiB, over the {MAX_PROMPT_FILE_BYTES // (1024 * 1024)} MiB limit",
+                          hint="split the file or take fewer prompts")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"prompt file '{path}' is not UTF-8 text") from None
+    if path.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                prompts.append(str(item["prompt"]))
+            except (ValueError, KeyError, TypeError):
+                raise RecipeError(f"{path}:{number}: each line must be a JSON object with a 'prompt' key") from None
+        return prompts
+    return [line for line in text.splitlines() if line.strip()]
