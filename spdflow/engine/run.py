@@ -199,13 +199,13 @@ class Engine:
     # -- compile --------------------------------------------------------------------------
 
     def compile(self, onnx: Path, info: ModelInfo, shapes: list[Specialization], k_list: list[int],
-                role: str, devices: DevicesSpec) -> CompiledProgram:
+                role: str, devices: DevicesSpec, dtype: str) -> CompiledProgram:
         request = CompileRequest(
             onnx_path=onnx, export_dir=onnx.parent, specializations=shapes, num_speculative_tokens=k_list,
             devices=devices, model_info=info, role=role,
             continuous_batching=self.recipe.specialization.full_batch_size is not None,
             compile_only=self.options.compile_only, specializations_format=devices.specializations_format,
-            force=should_force("compile", self.options), progress=self.ui.message,
+            force=should_force("compile", self.options), progress=self.ui.message, dtype=dtype,
         )
         program = self.pm.hook.spdflow_compile(request=request, backend=self.backend())
         if program is None:
@@ -232,7 +232,7 @@ class Engine:
             self._end(stage, start, "ran", f"{len(shapes)} shapes")
         stage, start = self._begin("compile")
         try:
-            program = self.compile(onnx, info, shapes, k_list, role, devices)
+            program = self.compile(onnx, info, shapes, k_list, role, devices, model.dtype)
         except BaseException:
             if record:
                 self._end(stage, start, "failed", "compile failed")

@@ -205,36 +205,39 @@ def validate_document(document: YamlDocument, pm, path: Path) -> LoadedRecipe:
         loaded.findings.append(Finding(document.location(()), "SPD012", "the recipe must be a YAML mapping (key: value lines)",
                                        "start from recipes/tinycode_varK.yaml"))
         return loaded
+    loaded.findings.extend(check_names(document, pm))
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         loaded.findings.extend(pydantic_findings(exc, document, (), Recipe))
         return loaded
     loaded.recipe = recipe
-    loaded.findings.extend(check_names(recipe, document, pm))
     loaded.proposer_config = validate_proposer_config(recipe, document, pm, loaded.findings)
     loaded.findings.extend(checks.run_checks(recipe, document))
     return loaded
 
 
 _NAMED = (
-    ("proposer", ("proposer", "uses"), lambda r: r.proposer.uses if r.proposer else None, "SPD020"),
-    ("backend", ("devices", "backend"), lambda r: r.devices.backend, "SPD021"),
-    ("k_policy", ("k_policy",), lambda r: r.k_policy, "SPD022"),
-    ("acceptor", ("acceptance",), lambda r: r.resolved_acceptance(), "SPD023"),
-    ("workload", ("workload", "builtin"), lambda r: r.workload.builtin, "SPD024"),
+    ("proposer", ("proposer", "uses"), "SPD020"),
+    ("backend", ("devices", "backend"), "SPD021"),
+    ("k_policy", ("k_policy",), "SPD022"),
+    ("acceptor", ("acceptance",), "SPD023"),
+    ("workload", ("workload", "builtin"), "SPD024"),
 )
 
 
-def check_names(recipe: Recipe, document: YamlDocument, pm) -> list[Finding]:
-    """Every name the recipe uses must be registered by an installed plugin."""
+def check_names(document: YamlDocument, pm) -> list[Finding]:
+    """Every name the recipe uses must be registered by an installed plugin.
+
+    Works on the raw data, so unknown names are reported alongside schema errors.
+    """
     from spdflow.plugins import unknown_name_hint, unknown_name_message
 
     findings = []
     registry = pm.registry()
-    for kind, path, get, code in _NAMED:
-        name = get(recipe)
-        if name is None or name in registry[kind]:
+    for kind, path, code in _NAMED:
+        name = _value_at(document.data, path)
+        if not isinstance(name, str) or name in registry[kind] or (kind == "acceptor" and name == "auto"):
             continue
         findings.append(Finding(document.location(path), code, unknown_name_message(kind, name, list(registry[kind])),
                                 unknown_name_hint(kind, name, pm)))

@@ -1,0 +1,414 @@
+"""The qaic backend: builds the files and command of DESIGN §4 and runs qaic-compile.
+
+The compiler is an external program, so everything here is testable with a fake one
+(``$QAIC_COMPILER``). The runtime (qaicrt) is imported only when a session is opened.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spdflow.api import Backend, CompiledProgram, CompileRequest, Session
+from spdflow.errors import BackendUnavailableError, StageError
+from spdflow.qpc import (
+    PROGRAM_MARKER,
+    custom_io_entries,
+    mdp_config,
+    mdp_file_name,
+    render_custom_io,
+    short_hash,
+    specializations_document,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+SDK_ROOT = Path("/opt/qti-aic")
+#: Environment variable that overrides the compiler path (a fake one in tests).
+COMPILER_ENV = "QAIC_COMPILER"
+#: Flags spdflow derives from the devices section; setting them in compiler_options would
+#: pass them twice with possibly different values.
+RESERVED_OPTIONS = {
+    "aic-hw", "aic-hw-version", "m", "compile-only", "retained-state", "convert-to-fp16",
+    "aic-num-cores", "mxfp6-matmul", "mdp-load-partition-config",
+    "network-specialization-config", "custom-io-list-file", "aic-binary-dir",
+}
+STDERR_TAIL_LINES = 20
+#: ONNX graphs up to this size are hashed by content; larger ones (weights embedded) by name
+#: and size, since the export dir they live in is itself content-addressed.
+ONNX_DIGEST_LIMIT = 64 * 1024 * 1024
+
+
+@dataclass
+class CompilePlan:
+    """Everything one compile writes and runs, computed before touching the disk."""
+
+    qpc_dir: Path
+    key: str
+    compiler: Path
+    command: list[str]
+    params: dict
+    files: dict[str, str]  # file name inside qpc_dir -> text
+    script: str
+
+    @property
+    def marker(self) -> Path:
+        return self.qpc_dir / "qpc" / PROGRAM_MARKER
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def compiler_path(compiler: str) -> Path:
+    """$QAIC_COMPILER when set, else the SDK's qaic-compile (or legacy qaic-exec)."""
+    override = os.environ.get(COMPILER_ENV)
+    return Path(override) if override else SDK_ROOT / "exec" / compiler
+
+
+def compiler_available(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def model_dtype(request: CompileRequest) -> str:
+    """The weight dtype: CompileRequest.dtype, else a dtype on ModelInfo, else float32."""
+    return getattr(request, "dtype", None) or getattr(request.model_info, "dtype", None) or "float32"
+
+
+def option_flag(key: str, value: Any) -> str | None:
+    """One compiler_options item as QEfficient spells it: key -> -key-with-dashes."""
+    name = "-" + key.lstrip("-").replace("_", "-")
+    if value is True:
+        return name
+    if value is False or value is None:
+        return None
+    return f"{name}={value}"
+
+
+def extra_option_flags(options: dict[str, Any]) -> list[str]:
+    """The recipe's extra compiler_options, refusing the ones spdflow sets itself."""
+    flags = []
+    for key, value in options.items():
+        normalized = key.lstrip("-").replace("_", "-").lower()
+        if normalized in RESERVED_OPTIONS:
+            raise StageError(
+                f"devices.compiler_options sets {key!r}, which spdflow derives itself; "
+                "remove it and use the matching devices field (num_cores, mxfp6_matmul, ...)"
+            )
+        flag = option_flag(key, value)
+        if flag is not None:
+            flags.append(flag)
+    return flags
+
+
+def option_flags(request: CompileRequest) -> list[str]:
+    """The flags that do not name a file: -aic-hw ... extras (QEfficient steps 1-6)."""
+    devices = request.devices
+    flags = ["-aic-hw", f"-aic-hw-version={devices.aic_hw_version}"]
+    if devices.compiler == "qaic-exec":
+        flags.append("-compile-only")  # qaic-exec runs the program after compiling otherwise
+    flags.append("-retained-state")
+    if model_dtype(request) in ("float32", "float16"):
+        flags.append("-convert-to-fp16")
+    flags.append(f"-aic-num-cores={devices.num_cores}")
+    if devices.mxfp6_matmul:
+        flags.append("-mxfp6-matmul")
+    flags.extend(extra_option_flags(devices.compiler_options))
+    return flags
+
+
+def file_flags(qpc_dir: str, num_devices: int) -> list[str]:
+    """The flags that name files inside ``qpc_dir`` (QEfficient steps 8-11)."""
+    flags = []
+    if num_devices > 1:
+        flags.append(f"-mdp-load-partition-config={qpc_dir}/{mdp_file_name(num_devices)}")
+    flags += [
+        f"-network-specialization-config={qpc_dir}/specializations.json",
+        f"-custom-IO-list-file={qpc_dir}/custom_io.yaml",
+        f"-aic-binary-dir={qpc_dir}/qpc",
+    ]
+    return flags
+
+
+def build_command(request: CompileRequest, compiler: Path, qpc_dir: Path) -> list[str]:
+    """The full compiler command, in QEfficient's order (DESIGN §4)."""
+    flags = option_flags(request)
+    # -m goes right after -aic-hw-version, before -compile-only and the options.
+    flags.insert(2, f"-m={request.onnx_path}")
+    return [str(compiler), *flags, *file_flags(str(qpc_dir), len(request.devices.device_ids))]
+
+
+# ------------------------------------------------------------------------------ the key
+
+
+def onnx_identity(onnx_path: Path) -> dict:
+    """What identifies the ONNX in the hash without its absolute path, so folders can move.
+
+    A graph of up to ONNX_DIGEST_LIMIT bytes is identified by its content (its weights live in
+    external data named by the graph, inside the content-addressed export dir); a larger one
+    by the export dir's name, its file name and size.
+    """
+    try:
+        size = onnx_path.stat().st_size
+    except OSError:
+        return {"dir": onnx_path.parent.name, "file": onnx_path.name}
+    if size <= ONNX_DIGEST_LIMIT:
+        return {"file": onnx_path.name, "sha256": hashlib.sha256(onnx_path.read_bytes()).hexdigest()}
+    return {"dir": onnx_path.parent.name, "file": onnx_path.name, "size": size}
+
+
+def compile_params(request: CompileRequest) -> dict:
+    """The hashed compile params: everything that changes the program, nothing path-bound.
+
+    The compiler enters by name, not path, so a fake or relocated compiler and a later run
+    of compile.sh share the directory. The K-list enters sorted, so [4, 0] == [0, 4].
+    """
+    devices = request.devices
+    num_devices = len(devices.device_ids)
+    return {
+        "backend": "qaic",
+        "compiler": devices.compiler,
+        "command": option_flags(request),
+        "onnx": onnx_identity(Path(request.onnx_path)),
+        "specializations": specializations_document(
+            request.specializations, request.specializations_format
+        ),
+        "custom_io": [list(entry) for entry in _custom_io(request)],
+        "mdp_ts_num_devices": num_devices,
+        "mdp_ts_json": mdp_config(devices.device_ids, devices.num_cores) if num_devices > 1 else None,
+        "num_speculative_tokens": sorted(set(request.num_speculative_tokens)),
+    }
+
+
+def _custom_io(request: CompileRequest) -> list[tuple[str, str]]:
+    return custom_io_entries(request.model_info, model_dtype(request), request.devices.mxint8_kv_cache)
+
+
+# ------------------------------------------------------------------------------ the files
+
+
+def plan_compile(request: CompileRequest) -> CompilePlan:
+    """Compute the key, directory, command and every file text of one compile."""
+    try:
+        params = compile_params(request)
+    except ValueError as exc:
+        raise StageError(f"cannot compile {request.role} for qaic: {exc}") from None
+    key = short_hash(params)
+    qpc_dir = Path(request.export_dir) / f"qpc-{key}"
+    compiler = compiler_path(request.devices.compiler)
+    command = build_command(request, compiler, qpc_dir)
+    num_devices = params["mdp_ts_num_devices"]
+    files = {
+        "specializations.json": _json_text(params["specializations"]),
+        "custom_io.yaml": render_custom_io(_custom_io(request)),
+        "hashed_compile_params.json": _json_text(params),
+        "qconfig.json": _json_text(qconfig(request, params, command)),
+    }
+    if num_devices > 1:
+        files[mdp_file_name(num_devices)] = _json_text(params["mdp_ts_json"])
+    script = compile_script(request, qpc_dir)
+    return CompilePlan(qpc_dir, key, compiler, command, params, files, script)
+
+
+def _json_text(obj: Any) -> str:
+    # Same text write_json_atomic produces; kept as text so the plan is complete before writing.
+    return json.dumps(obj, indent=4, sort_keys=True, allow_nan=False) + "\n"
+
+
+def qconfig(request: CompileRequest, params: dict, command: list[str]) -> dict:
+    """qconfig.json: how this program was made (model, K-list, shapes, command, SDK versions)."""
+    model = {
+        name: str(value) if isinstance(value, Path) else value
+        for name, value in dataclasses.asdict(request.model_info).items()
+    }
+    return {
+        "backend": "qaic",
+        "role": request.role,
+        "model": model,
+        "dtype": model_dtype(request),
+        "continuous_batching": request.continuous_batching,
+        "num_speculative_tokens": params["num_speculative_tokens"],
+        "specializations": params["specializations"],
+        "devices": request.devices.model_dump(mode="json"),
+        "compiler": {"command": command, "compile_only": request.compile_only},
+        "sdk_versions": sdk_versions(),
+    }
+
+
+def sdk_versions(versions_dir: Path = SDK_ROOT / "versions") -> dict[str, dict[str, str]]:
+    """Leaf elements of the SDK's version files (apps.xml, platform.xml), when installed."""
+    versions: dict[str, dict[str, str]] = {}
+    for path in sorted(versions_dir.glob("*.xml")) if versions_dir.is_dir() else []:
+        try:
+            root = ElementTree.parse(path).getroot()
+        except (OSError, ElementTree.ParseError) as exc:
+            versions[path.stem] = {"error": str(exc)}
+            continue
+        leaves = {el.tag: el.text.strip() for el in root.iter() if len(el) == 0 and (el.text or "").strip()}
+        versions[path.stem] = leaves
+    return versions
+
+
+def _shell_word(text: str) -> str:
+    """Quote for use inside double quotes, where $HERE must still expand."""
+    return "".join("\\" + ch if ch in '\\"$`' else ch for ch in text)
+
+
+def compile_script(request: CompileRequest, qpc_dir: Path) -> str:
+    """compile.sh: the same compile in one command, with paths relative to the script.
+
+    The ONNX is named relative to the qpc dir, so copying the export folder (ONNX plus
+    qpc-<hash>/) to a QAIC host and running ``sh qpc-<hash>/compile.sh`` reproduces the compile.
+    """
+    devices = request.devices
+    onnx_rel = os.path.relpath(Path(request.onnx_path).resolve(), Path(qpc_dir).resolve())
+    flags = [shlex.quote(flag) for flag in option_flags(request)]
+    flags.insert(2, '"-m=$ONNX"')
+    flags += [f'"{flag}"' for flag in file_flags("$HERE", len(devices.device_ids))]
+    body = " \\\n    ".join(['"$COMPILER"', *flags, '"$@"'])
+    return (
+        "#!/bin/sh\n"
+        "# Compiles this QPC on a QAIC host: sh compile.sh [extra compiler flags]\n"
+        "# Written by spdflow. Paths are relative to this script, so the export folder can be\n"
+        "# copied as a whole. QAIC_COMPILER overrides the compiler, SPDFLOW_ONNX the model.\n"
+        "set -eu\n"
+        'HERE="$(cd "$(dirname "$0")" && pwd)"\n'
+        f'COMPILER="${{QAIC_COMPILER:-{_shell_word(str(SDK_ROOT / "exec" / devices.compiler))}}}"\n'
+        f'ONNX="${{SPDFLOW_ONNX:-$HERE/{_shell_word(onnx_rel)}}}"\n'
+        "# The compiler writes qpc/ itself; a previous, possibly partial, one is removed first.\n"
+        'rm -rf "$HERE/qpc"\n'
+        f"{body}\n"
+    )
+
+
+def write_layout(plan: CompilePlan) -> None:
+    """Write every file of the plan; remove a qpc/ left over from an unfinished compile."""
+    plan.qpc_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in plan.files.items():
+        write_text_atomic(plan.qpc_dir / name, text)
+    write_text_atomic(plan.qpc_dir / "compile.sh", plan.script, mode=0o755)
+    shutil.rmtree(plan.qpc_dir / "qpc", ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run_compiler(plan: CompilePlan) -> None:
+    """Run the command with stdout and stderr into compile.log; raise StageError on failure."""
+    log_path = plan.qpc_dir / "compile.log"
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {shlex.join(plan.command)}\n")
+        log.flush()
+        try:
+            result = subprocess.run(
+                plan.command, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            )
+        except OSError as exc:
+            raise BackendUnavailableError(
+                f"the QAIC compiler at {plan.compiler} could not be started ({exc.strerror}); "
+                "check the Cloud AI SDK install or set QAIC_COMPILER"
+            ) from None
+        stderr = result.stderr.decode("utf-8", errors="replace")
+        log.write(stderr)
+    if result.returncode != 0 or not plan.marker.is_file():
+        shutil.rmtree(plan.qpc_dir / "qpc", ignore_errors=True)  # never leave a partial program
+        raise StageError(_failure_message(plan, result.returncode, stderr, log_path))
+
+
+def _failure_message(plan: CompilePlan, returncode: int, stderr: str, log_path: Path) -> str:
+    tail = "\n".join(stderr.rstrip().splitlines()[-STDERR_TAIL_LINES:])
+    if returncode == 0:
+        what = f"{plan.compiler.name} exited 0 but wrote no qpc/{PROGRAM_MARKER}"
+    else:
+        what = f"{plan.compiler.name} failed with exit code {returncode}"
+    return f"{what} compiling qpc-{plan.key}; full log: {log_path}" + (
+        f"\n{tail}" if tail else ""
+    )
+
+
+# ------------------------------------------------------------------------------ backend
+
+
+class QaicBackend(Backend):
+    """Qualcomm Cloud AI 100: qaic-compile for the program, qaicrt for sessions."""
+
+    name = "qaic"
+    version = "1"
+
+    def unavailable_reason(self) -> str | None:
+        from spdflow_qaic.runtime import runtime_unavailable_reason
+
+        return runtime_unavailable_reason()
+
+    def compile(self, request: CompileRequest) -> CompiledProgram:
+        """Write qpc-<hash>/ and compile into it, unless qpc/programqpc.bin is already there."""
+        plan = plan_compile(request)
+        if plan.marker.is_file() and not request.force:
+            return self._program(request, plan, cached=True,
+                                 reason=f"qpc-{plan.key}/qpc/{PROGRAM_MARKER} exists")
+        available = compiler_available(plan.compiler)
+        if not available and not request.compile_only:
+            raise BackendUnavailableError(
+                f"the QAIC compiler was not found at {plan.compiler}; install the Cloud AI SDK, "
+                "set QAIC_COMPILER, pass --compile-only to write a compile.sh for a QAIC host, "
+                "or use devices.backend: onnxruntime"
+            )
+        write_layout(plan)
+        if request.compile_only:
+            return self._program(request, plan, cached=False, runnable=False,
+                                 reason="compile-only: run compile.sh on a QAIC host")
+        request.progress(f"compiling qpc-{plan.key} with {plan.compiler.name}")
+        started = time.monotonic()
+        run_compiler(plan)
+        why = "forced rebuild" if request.force else "no compiled program for this key"
+        return self._program(request, plan, cached=False,
+                             reason=f"{why}; compiled in {time.monotonic() - started:.1f} s")
+
+    @staticmethod
+    def _program(request: CompileRequest, plan: CompilePlan, *, cached: bool, reason: str,
+                 runnable: bool = True) -> CompiledProgram:
+        return CompiledProgram(
+            backend="qaic",
+            qpc_dir=plan.qpc_dir,
+            key=plan.key,
+            cached=cached,
+            reason=reason,
+            specializations=list(request.specializations),
+            model_info=request.model_info,
+            command=plan.command,
+            runnable=runnable,
+        )
+
+    def open_session(self, program: CompiledProgram, *, threads: int | None = None) -> Session:
+        """A qaicrt session on the devices the program was compiled for (threads is unused)."""
+        from spdflow_qaic.runtime import QaicSession
+
+        marker = Path(program.qpc_dir) / "qpc" / PROGRAM_MARKER
+        if not program.runnable or not marker.is_file():
+            raise StageError(
+                f"{program.qpc_dir} holds no compiled program ({PROGRAM_MARKER} is missing); "
+                "run its compile.sh on a QAIC host, then run again"
+            )
+        return QaicSession(
+            marker.parent,
+            device_ids=_compiled_device_ids(Path(program.qpc_dir)),
+            specializations=program.specializations,
+            vocab_size=program.model_info.vocab_size,
+        )
+
+
+def _compiled_device_ids(qpc_dir: Path) -> list[int] | None:
+    # The backend is built without arguments, so the device group comes from qconfig.json.
+    try:
+        config = json.loads((qpc_dir / "qconfig.json").read_text(encoding="utf-8"))
+        return [int(d) for d in config["devices"]["device_ids"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
