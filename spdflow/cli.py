@@ -28,17 +28,16 @@ def _verbose() -> bool:
 
 def report_error(exc: SpdflowError) -> None:
     """One sentence (plus located findings and a hint) on stderr."""
-    err = click.get_text_stream("stderr")
     if isinstance(exc, RecipeError) and exc.findings:
         for finding in exc.findings:
-            err.write(finding.render() + "\n")
-    err.write(f"Error: {exc.message}\n")
+            click.echo(finding.render(), err=True)
+    click.echo(f"Error: {exc.message}", err=True)
     if exc.hint:
-        err.write(f"Hint: {exc.hint}\n")
+        click.echo(f"Hint: {exc.hint}", err=True)
     if _verbose():
-        traceback.print_exception(exc, file=err)
+        click.echo("".join(traceback.format_exception(exc)), err=True)
     elif exc.__cause__ is not None and not isinstance(exc.__cause__, SpdflowError):
-        err.write("(re-run with --verbose for the traceback)\n")
+        click.echo("(re-run with --verbose for the traceback)", err=True)
 
 
 class SpdflowGroup(click.Group):

@@ -342,8 +342,26 @@ class Engine:
 
     # -- the whole run --------------------------------------------------------------------
 
+    def preflight(self) -> None:
+        """Check what must exist on this machine before any work; one sentence per missing thing."""
+        from spdflow.models import resolve_model_dir
+
+        problems = []
+        try:
+            resolve_model_dir(self.recipe.model.id, self.loaded.base_dir, self.recipe.model.revision)
+        except SpdflowError as exc:
+            problems.append(exc.message + (f" ({exc.hint})" if exc.hint else ""))
+        if not self.options.compile_only:
+            reason = self.backend().unavailable_reason()
+            if reason:
+                problems.append(f"backend '{self.recipe.devices.backend}' cannot run here: {reason}")
+        if problems:
+            raise StageError("cannot run this recipe here:\n  - " + "\n  - ".join(problems),
+                             hint="`spdflow run --dry-run` shows the plan; `--compile-only` builds without running")
+
     def run(self) -> RunState:
         state = self.state
+        self.preflight()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.pm.hook.spdflow_before_run(recipe=self.recipe, run=state)
         try:

@@ -40,7 +40,9 @@ def _save_random_model(path: Path, config, seed: int) -> Path:
     """Instantiate ``config`` with seeded random weights and save it (safetensors + configs)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # tests and benchmarks print their own output
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # HF's default init (std 0.02) gives near-uniform logits; a wider init makes greedy argmax

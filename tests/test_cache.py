@@ -1,0 +1,52 @@
+"""Cache keys are content hashes; done markers make half-written outputs untrusted."""
+from __future__ import annotations
+
+from spdflow.engine import cache
+from spdflow.recipe.loader import load_recipe
+
+
+def test_key_is_stable_when_yaml_key_order_changes(write_recipe, pm):
+    a = load_recipe(write_recipe("version: 1\nname: t\nmodel: {id: x, dtype: float16}\nworkload: {builtin: code, count: 3}\n", "a.yaml"), pm)
+    b = load_recipe(write_recipe("workload: {count: 3, builtin: code}\nmodel: {dtype: float16, id: x}\nname: t\nversion: 1\n", "b.yaml"), pm)
+    key = lambda loaded: cache.stage_key("impl", "1", loaded.recipe.model_dump(mode="json"), {"w": "abc"})
+    assert key(a) == key(b)
+
+
+def test_key_changes_with_config_inputs_and_version():
+    base = cache.stage_key("impl", "1", {"a": 1}, {"w": "abc"})
+    assert cache.stage_key("impl", "1", {"a": 2}, {"w": "abc"}) != base
+    assert cache.stage_key("impl", "1", {"a": 1}, {"w": "abd"}) != base
+    assert cache.stage_key("impl", "2", {"a": 1}, {"w": "abc"}) != base
+
+
+def test_done_marker_detects_corruption(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.onnx").write_bytes(b"graph")
+    assert cache.read_done(out)[0] is None  # never finished
+    cache.write_done(out, {"onnx": "model.onnx"})
+    marker, why = cache.read_done(out)
+    assert marker["onnx"] == "model.onnx" and why == ""
+    (out / "model.onnx").write_bytes(b"grapH")
+    marker, why = cache.read_done(out)
+    assert marker is None and "does not match" in why
+    (out / "model.onnx").unlink()
+    assert "missing" in cache.read_done(out)[1]
+
+
+def test_atomic_write_leaves_no_temp_on_failure(tmp_path, monkeypatch):
+    import os
+
+    import pytest
+
+    target = tmp_path / "x.json"
+    cache.write_text_atomic(target, "old")
+
+    def boom(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        cache.write_text_atomic(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]

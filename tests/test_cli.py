@@ -1,0 +1,117 @@
+"""Every documented exit code, and one-sentence errors without tracebacks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from spdflow.cli import cli
+
+from conftest import MINIMAL, REPO
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_help_and_version(runner):
+    assert runner.invoke(cli, ["--help"]).exit_code == 0
+    result = runner.invoke(cli, ["--version"])
+    assert result.exit_code == 0 and "spdflow" in result.output
+
+
+def test_lint_exit_0_clean(runner, write_recipe):
+    assert runner.invoke(cli, ["lint", str(write_recipe())]).exit_code == 0
+
+
+def test_lint_exit_1_on_findings_with_strict(runner, write_recipe):
+    path = write_recipe(MINIMAL.replace("[0, 4]", "[4, 0]"))
+    assert runner.invoke(cli, ["lint", str(path)]).exit_code == 0
+    assert runner.invoke(cli, ["lint", "--strict", str(path)]).exit_code == 1
+
+
+def test_lint_exit_3_on_invalid_recipe_with_location(runner, write_recipe):
+    path = write_recipe(MINIMAL.replace("max_new_tokens", "max_new_token"))
+    result = runner.invoke(cli, ["lint", str(path)])
+    assert result.exit_code == 3
+    assert f"{path}:10:3: SPD010 unknown key 'max_new_token'" in result.output
+    assert "did you mean 'max_new_tokens'" in result.output
+
+
+def test_usage_error_exits_2(runner):
+    assert runner.invoke(cli, ["lint"]).exit_code == 2
+    assert runner.invoke(cli, ["run", "--no-such-flag", "x.yaml"]).exit_code == 2
+
+
+def test_bad_override_exits_2_with_one_sentence(runner, write_recipe):
+    result = runner.invoke(cli, ["run", str(write_recipe()), "--set", "num_speculative_tokens"])
+    assert result.exit_code == 2
+    assert "is not of the form dotted.key=value" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_run_invalid_recipe_exits_3(runner, write_recipe):
+    result = runner.invoke(cli, ["run", str(write_recipe(MINIMAL.replace("version: 1", "version: 7")))])
+    assert result.exit_code == 3
+    assert "is invalid: 1 error" in result.stderr and "Traceback" not in result.output
+
+
+def test_run_unknown_proposer_via_override_exits_3_naming_the_override(runner, write_recipe):
+    result = runner.invoke(cli, ["run", str(write_recipe()), "--set", "proposer.uses=sufix"])
+    assert result.exit_code == 3
+    assert "--set proposer.uses=sufix:1:1: SPD020 unknown proposer 'sufix'; did you mean 'suffix'?" in result.stderr
+
+
+def test_broken_plugin_used_by_recipe_exits_4(runner, write_recipe, monkeypatch):
+    from spdflow import hookimpl
+
+    class Broken:
+        @hookimpl
+        def spdflow_register_proposers(self, register):
+            raise RuntimeError("boom")
+
+    from spdflow import plugins
+
+    real = plugins.get_plugin_manager
+
+    def with_broken(**kwargs):
+        pm = real(**kwargs)
+        pm.add_plugin(Broken(), "broken-proposer")
+        return pm
+
+    monkeypatch.setattr(plugins, "get_plugin_manager", with_broken)
+    result = runner.invoke(cli, ["run", str(write_recipe())])
+    assert result.exit_code == 4
+    assert "plugin 'broken-proposer' failed in spdflow_register_proposers: RuntimeError: boom" in result.stderr
+
+
+def test_llama8b_dry_run_prints_plan(runner):
+    result = runner.invoke(cli, ["run", str(REPO / "recipes" / "llama8b_varK.yaml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "decode   batch_size=4 seq_len=5 ctx_len=4096 num_logits_to_keep=5 full_batch_size=4" in result.stdout
+
+
+def test_llama8b_run_stops_at_once_saying_what_is_missing(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    result = runner.invoke(cli, ["run", str(REPO / "recipes" / "llama8b_varK.yaml")])
+    assert result.exit_code == 1
+    assert "'meta-llama/Llama-3.1-8B-Instruct' is not in the local Hugging Face cache" in result.stderr
+    assert "backend 'qaic' cannot run here" in result.stderr
+    assert not (tmp_path / "runs").exists()
+    assert "Traceback" not in result.output
+
+
+def test_plugins_json_lists_builtins(runner):
+    result = runner.invoke(cli, ["plugins"])
+    data = {p["name"]: p for p in json.loads(result.stdout)}
+    assert "prompt_lookup" in data["proposers"]["registered"]["proposer"]
+    assert "spdflow_export" in data["onnx"]["hooks"]
+
+
+def test_schema_includes_plugin_configs(runner):
+    schema = json.loads(runner.invoke(cli, ["schema"]).stdout)
+    assert "proposer_prompt_lookup_config" in schema["$defs"]
+    assert "prompt_lookup_max" in schema["$defs"]["proposer_prompt_lookup_config"]["properties"]
