@@ -251,6 +251,9 @@ class Proposer:
     name: str = ""
     #: True when the proposer can return fewer than k_max tokens (or none).
     may_propose_nothing: bool = True
+    #: True when the proposer calls ``ctx.reference_output``: the engine then runs the greedy
+    #: no-spec baseline before the run.
+    needs_reference_output: bool = False
 
     def add_request(self, slot: int, request: Request) -> None:
         pass

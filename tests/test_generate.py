@@ -1,0 +1,134 @@
+"""The SpD loop end to end on the ONNX Runtime backend: lossless for every proposer, batch
+mode and K-list; stopping rules; a proposer that raises."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spdflow.engine.run import Engine, RunOptions
+from spdflow.errors import PluginError
+from spdflow.recipe.loader import load_recipe
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n",
+    "import os\nimport sys\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "for i in range(10):\n    print(i)\n",
+    "x = [1, 2, 3]\ny = [",
+]
+
+PROPOSERS = {
+    "prompt_lookup": {"prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "suffix": {},
+    "synthetic": {"acceptance_rate": 0.6, "proposal_rate": 0.8, "seed": 1},
+    "draft_model": {"model": "DRAFT"},
+}
+BATCHING = {
+    "batch1": {"batch_size": 1},
+    "batch3": {"batch_size": 3},
+    "cb2": {"batch_size": 1, "full_batch_size": 2},
+}
+K_LISTS = {"k3": 3, "k0_4": [0, 4], "k1247": [1, 2, 4, 7]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from spdflow.testing.models import make_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return make_tiny_model(root / "target", seed=0), make_tiny_model(root / "draft", seed=1, num_layers=1)
+
+
+@pytest.fixture(scope="module")
+def out_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+def write(tmp_path, target, out, proposer=None, config=None, ks=(0, 4), batching=None, max_new=20, extra=""):
+    lines = ["version: 1", "name: gen", f"model: {{id: {json.dumps(str(target))}}}",
+             f"num_speculative_tokens: {json.dumps(ks)}", f"output: {json.dumps(str(out))}",
+             f"specialization: {json.dumps({'prefill_seq_len': 16, 'ctx_len': 128, **(batching or {})})}",
+             f"workload: {json.dumps({'prompts': PROMPTS, 'max_new_tokens': max_new, 'ignore_eos': True})}"]
+    if proposer:
+        lines.append(f"proposer: {json.dumps({'uses': proposer, 'with': config or {}})}")
+    path = tmp_path / "recipe.yaml"
+    path.write_text("\n".join(lines) + extra + "\n")
+    return path
+
+
+def run(pm, path, **options):
+    engine = Engine(pm, load_recipe(path, pm), RunOptions(**options))
+    return engine.run()
+
+
+@pytest.mark.parametrize("ks", list(K_LISTS.values()), ids=list(K_LISTS))
+@pytest.mark.parametrize("batching", list(BATCHING.values()), ids=list(BATCHING))
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+def test_greedy_spd_is_token_identical_to_nospec(pm, tmp_path, models, out_root, proposer, batching, ks):
+    target, draft = models
+    config = {k: (str(draft) if v == "DRAFT" else v) for k, v in PROPOSERS[proposer].items()}
+    path = write(tmp_path, target, out_root / f"{proposer}", proposer, config, ks, batching)
+    state = run(pm, path, check_lossless=True)
+    assert state.lossless["identical"], state.lossless
+    steps = [r for r in state.records if r["kind"] == "step"]
+    compiled = sorted({ks} if isinstance(ks, int) else set(ks))
+    assert {s["k"] for s in steps} <= set(compiled)
+    assert all(len(o["tokens"]) == 20 for o in state.outputs)
+
+
+def test_speculation_actually_happens(pm, tmp_path, models, out_root):
+    target, _ = models
+    path = write(tmp_path, target, out_root / "spec", "synthetic", {"acceptance_rate": 1.0, "proposal_rate": 1.0}, [0, 4])
+    state = run(pm, path)
+    rows = [row for r in state.records if r["kind"] == "step" for row in r["rows"]]
+    assert sum(row["accepted"] for row in rows) > len(rows)  # well above one per step
+
+
+def test_max_new_tokens_inside_accepted_draft_stops_exactly(pm, tmp_path, models, out_root):
+    target, _ = models
+    for max_new in (1, 2, 7):
+        path = write(tmp_path, target, out_root / "stop", "synthetic", {"acceptance_rate": 1.0, "proposal_rate": 1.0},
+                     [0, 4], max_new=max_new)
+        state = run(pm, path, check_lossless=True)
+        assert state.lossless["identical"]
+        assert all(len(o["tokens"]) == max_new and o["stop_reason"] == "max_new_tokens" for o in state.outputs)
+
+
+def test_ctx_len_stops_cleanly_with_a_reason(pm, tmp_path, models, out_root):
+    target, _ = models
+    path = write(tmp_path, target, out_root / "ctx", "prompt_lookup", {}, [0, 4], max_new=126)
+    state = run(pm, path, check_lossless=True)
+    assert state.lossless["identical"]
+    for output, prompt in zip(state.outputs, PROMPTS):
+        assert output["stop_reason"] == "ctx_len"
+
+
+def test_proposer_raising_mid_run_names_the_plugin_and_marks_the_report_failed(pm, tmp_path, models, out_root):
+    from spdflow import hookimpl
+    from spdflow.api import Proposer
+
+    class Flaky(Proposer):
+        calls = 0
+
+        def propose(self, inputs):
+            Flaky.calls += 1
+            if Flaky.calls > 3:
+                raise ValueError("index out of range")
+            return [self.empty() for _ in inputs]
+
+        empty = staticmethod(lambda: __import__("spdflow.api", fromlist=["Proposal"]).Proposal.empty())
+
+    class Plugin:
+        @hookimpl
+        def spdflow_register_proposers(self, register):
+            register("flaky", lambda config, ctx: Flaky())
+
+    pm.add_plugin(Plugin(), "flaky-plugin", version="9.9")
+    out = out_root / "flaky"
+    path = write(tmp_path, target=models[0], out=out, proposer="flaky")
+    with pytest.raises(PluginError) as info:
+        run(pm, path)
+    assert "proposer 'flaky'" in info.value.message and "index out of range" in info.value.message
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["error"]["stage"] == "generate"
