@@ -1,1 +1,62 @@
-"""placeholder"""
+"""Built-in proposers: prompt_lookup, suffix, synthetic, draft_model.
+
+Each registers with its own pydantic config model (the recipe's ``proposer.with:`` block), the
+same way a third-party proposer plugin would. Importing this package stays light (numpy and
+pydantic); the draft model's session is built by the engine only when a run starts.
+"""
+from __future__ import annotations
+
+from spdflow.hookspecs import hookimpl
+
+from .draft_model import DraftModelConfig, DraftModelProposer, make_draft_model
+from .prompt_lookup import PromptLookupConfig, PromptLookupProposer, find_continuation, make_prompt_lookup
+from .suffix import SuffixConfig, SuffixProposer, SuffixTrie
+from .synthetic import SyntheticConfig, SyntheticProposer, make_synthetic
+
+__all__ = [
+    "DraftModelConfig",
+    "DraftModelProposer",
+    "PromptLookupConfig",
+    "PromptLookupProposer",
+    "SuffixConfig",
+    "SuffixProposer",
+    "SuffixTrie",
+    "SyntheticConfig",
+    "SyntheticProposer",
+    "find_continuation",
+]
+
+
+def make_suffix(config: SuffixConfig, ctx) -> SuffixProposer:
+    """Factory registered as ``suffix``."""
+    return SuffixProposer(config)
+
+
+@hookimpl
+def spdflow_register_proposers(register):
+    register(
+        "prompt_lookup",
+        make_prompt_lookup,
+        config=PromptLookupConfig,
+        description="n-gram lookup in the request's own context (longest continuation wins).",
+    )
+    register(
+        "suffix",
+        make_suffix,
+        config=SuffixConfig,
+        description="Suffix decoding (ArcticInference): frequency-ranked continuations from "
+        "per-request suffix tries and a cache of earlier outputs.",
+    )
+    register(
+        "synthetic",
+        make_synthetic,
+        config=SyntheticConfig,
+        description="Proposals around the target's greedy output with a configured acceptance "
+        "rate, to model proposers that do not exist yet.",
+    )
+    register(
+        "draft_model",
+        make_draft_model,
+        config=DraftModelConfig,
+        description="A small draft LM with the target's tokenizer, compiled with the same stages.",
+    )

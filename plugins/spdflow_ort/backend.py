@@ -1,0 +1,325 @@
+"""The onnxruntime backend's compile step: the ``qpc-<hash>/`` directory for ONNX Runtime.
+
+Same layout as a QAIC compile (DESIGN §4): specializations.json, custom_io.yaml (exactly what
+qaic-compile would get), hashed_compile_params.json, qconfig.json and ``qpc/``. Here ``qpc/``
+holds one static-shape graph per specialization plus the dynamic graph, all pointing at ONE
+weights file (hard-linked from the export when possible), and ``qpc/manifest.json``, written
+last, marks a finished build.
+
+onnx and onnxruntime are imported inside functions: lint loads every plugin.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
+from spdflow.errors import StageError
+
+BACKEND_NAME = "onnxruntime"
+#: Bumped when the layout of qpc/ changes, so old cache entries are not trusted.
+PROGRAM_FORMAT = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "model.onnx.data"
+DYNAMIC_GRAPH = "model.onnx"
+
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
+
+
+@dataclass
+class OrtProgram(CompiledProgram):
+    """A CompiledProgram plus the runtime choices of the recipe's devices section."""
+
+    session_mode: str = "static"
+    execution_provider: str = "cpu"
+    threads: int | None = None
+
+
+def spec_file_name(spec: Specialization) -> str:
+    """The graph file of one specialization, e.g. ``decode_k4_b1_s5_n5_c512.onnx``."""
+    tag = "prefill" if spec.kind == "prefill" else f"decode_k{spec.k}"
+    name = f"{tag}_b{spec.batch_size}_s{spec.seq_len}_n{spec.num_logits_to_keep}_c{spec.ctx_len}"
+    if spec.full_batch_size is not None:
+        name += f"_f{spec.full_batch_size}"
+    return name + ".onnx"
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _weight_locations(graph) -> set[str]:
+    """The external-data files the graph's initializers point at."""
+    locations = set()
+    for tensor in graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                locations.add(entry.value)
+    return locations
+
+
+def _kv_dtype(graph) -> str:
+    """The model dtype as custom_io.yaml needs it, read from the past_key.0 input."""
+    for value in graph.input:
+        if value.name == "past_key.0":
+            return _ONNX_DTYPES.get(value.type.tensor_type.elem_type, "float32")
+    raise StageError(
+        "onnxruntime compile: the ONNX has no past_key.0 input; re-export it with the spdflow export stage"
+    )
+
+
+def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, custom_io) -> dict:
+    """Everything the program depends on; its short hash names the qpc dir."""
+    return {
+        "backend": BACKEND_NAME,
+        "program_format": PROGRAM_FORMAT,
+        "onnx": {"name": request.onnx_path.name, "graph_sha256": graph_digest, "data_bytes": data_bytes},
+        "role": request.role,
+        "continuous_batching": request.continuous_batching,
+        "num_speculative_tokens": sorted(set(request.num_speculative_tokens)),
+        "specializations": [spec.symbols() for spec in request.specializations],
+        "specializations_format": request.specializations_format,
+        "custom_io": [list(entry) for entry in custom_io],
+    }
+
+
+def program_is_complete(qpc_dir: Path) -> bool:
+    """True when qpc/manifest.json exists, parses, and every file it names is present."""
+    manifest_path = qpc_dir / "qpc" / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = [manifest["weights"], manifest["dynamic"]["file"]]
+        files += [graph["file"] for graph in manifest["graphs"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return manifest.get("format") == PROGRAM_FORMAT and all((qpc_dir / "qpc" / f).is_file() for f in files)
+
+
+def _fix_dims(model, symbols: dict[str, int]) -> None:
+    """Replace each dim_param bound by ``symbols`` with its value on graph inputs and outputs."""
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in symbols:
+                dim.dim_value = symbols[dim.dim_param]  # setting dim_value clears dim_param
+
+
+def _place_weights(source: Path, target: Path) -> str:
+    """Hard-link (else copy) the export's weights file into qpc/; returns how."""
+    try:
+        os.link(source, target)
+        return "hardlink"
+    except OSError:
+        shutil.copyfile(source, target)
+        return "copy"
+
+
+def build_program(request: CompileRequest, work: Path, model, params: dict, custom_io) -> None:
+    """Write the whole qpc-<hash> layout into ``work`` (a temp dir renamed by the caller)."""
+    import onnx
+    import onnxruntime
+
+    from spdflow.qpc import render_custom_io, specializations_document, write_json_atomic
+
+    specs = request.specializations
+    write_json_atomic(work / "specializations.json",
+                      specializations_document(specs, request.specializations_format))
+    (work / "custom_io.yaml").write_text(render_custom_io(custom_io), encoding="utf-8")
+    write_json_atomic(work / "hashed_compile_params.json", params)
+    write_json_atomic(work / "qconfig.json", _qconfig(request, onnxruntime.__version__))
+
+    program = work / "qpc"
+    program.mkdir()
+    source = Path(request.onnx_path)
+    locations = _weight_locations(model.graph)
+    if len(locations) == 1:
+        how = _place_weights(source.parent / next(iter(locations)), program / WEIGHTS)
+        # Keep every initializer's location relative and pointing at the one shared file.
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = WEIGHTS
+    else:
+        # Weights inline (or spread over several files): write them once as the shared file.
+        staging = program / "_staging.onnx"
+        onnx.save_model(onnx.load(str(source)), str(staging), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=WEIGHTS)
+        model = onnx.load(str(staging), load_external_data=False)
+        staging.unlink()
+        how = "rewritten"
+    request.progress(f"weights placed in qpc/ ({how})")
+
+    onnx.save_model(model, str(program / DYNAMIC_GRAPH))
+    graphs = []
+    for spec in specs:
+        fixed = onnx.ModelProto()
+        fixed.CopyFrom(model)
+        _fix_dims(fixed, spec.symbols())
+        name = spec_file_name(spec)
+        onnx.save_model(fixed, str(program / name))
+        graphs.append({"file": name, "kind": spec.kind, "k": spec.k, "symbols": spec.symbols()})
+    request.progress(f"wrote {len(graphs)} static-shape graphs")
+    manifest = {
+        "format": PROGRAM_FORMAT,
+        "backend": BACKEND_NAME,
+        "weights": WEIGHTS,
+        "dynamic": {"file": DYNAMIC_GRAPH},
+        "graphs": graphs,
+        "inputs": [value.name for value in model.graph.input],
+        "outputs": [value.name for value in model.graph.output],
+        "kv_dtype": _kv_dtype(model.graph),
+        "continuous_batching": request.continuous_batching,
+    }
+    write_json_atomic(program / MANIFEST, manifest)  # last: marks the program complete
+
+
+def _qconfig(request: CompileRequest, ort_version: str) -> dict:
+    """Human-facing record of what was built: model config, K-list, shapes, backend versions."""
+    info = request.model_info
+    config_path = Path(info.source_dir) / "config.json"
+    try:
+        model_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        model_config = None
+    devices = request.devices
+    return {
+        "model": {
+            "name": info.name,
+            "model_type": info.model_type,
+            "vocab_size": info.vocab_size,
+            "num_layers": info.num_layers,
+            "num_kv_heads": info.num_kv_heads,
+            "head_dim": info.head_dim,
+            "config": model_config,
+        },
+        "role": request.role,
+        "num_speculative_tokens": sorted(set(request.num_speculative_tokens)),
+        "continuous_batching": request.continuous_batching,
+        "specializations": [
+            {"kind": spec.kind, "k": spec.k, "symbols": spec.symbols()} for spec in request.specializations
+        ],
+        "backend": {"name": BACKEND_NAME, "onnxruntime_version": ort_version},
+        # Runtime defaults at build time; sessions prefer what the current recipe says.
+        "devices": {
+            "execution_provider": getattr(devices, "execution_provider", "cpu"),
+            "session_mode": getattr(devices, "session_mode", "static"),
+            "threads": getattr(devices, "threads", None),
+        },
+    }
+
+
+class OrtBackend(Backend):
+    """ONNX Runtime, the CPU reference backend (CUDA EP where installed)."""
+
+    name = BACKEND_NAME
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        try:
+            import onnxruntime
+        except ImportError:
+            return "0"
+        return onnxruntime.__version__
+
+    def unavailable_reason(self) -> str | None:
+        # find_spec, not import: lint asks every backend and must stay free of onnxruntime.
+        import importlib.util
+
+        if importlib.util.find_spec("onnxruntime") is None:
+            return "onnxruntime is not installed; install it with `pip install onnxruntime`"
+        return None
+
+    def compile(self, request: CompileRequest) -> OrtProgram:
+        """Build ``export_dir/qpc-<key>/`` unless a complete one exists (then it is reused)."""
+        import onnx
+
+        from spdflow.qpc import atomic_dir, custom_io_entries, short_hash
+
+        onnx_path = Path(request.onnx_path)
+        if not onnx_path.is_file():
+            raise StageError(
+                f"onnxruntime compile: {onnx_path} does not exist; run the export stage again"
+            )
+        model = onnx.load(str(onnx_path), load_external_data=False)
+        custom_io = custom_io_entries(
+            request.model_info, _kv_dtype(model.graph), request.devices.mxint8_kv_cache
+        )
+        locations = _weight_locations(model.graph)
+        data_bytes = sum((onnx_path.parent / loc).stat().st_size for loc in sorted(locations)
+                         if (onnx_path.parent / loc).is_file())
+        params = compile_params(request, _file_digest(onnx_path), data_bytes, custom_io)
+        key = short_hash(params)
+        qpc_dir = Path(request.export_dir) / f"qpc-{key}"
+
+        if program_is_complete(qpc_dir) and not request.force:
+            return self._program(request, qpc_dir, key, cached=True, reason=f"cached (key {key})")
+        if request.force:
+            why = "forced rebuild"
+        elif qpc_dir.exists():
+            why = f"rebuilt: qpc-{key} was incomplete (no valid qpc/{MANIFEST})"
+        else:
+            why = "no program for this key"
+        request.progress(f"building qpc-{key} ({len(request.specializations)} specializations)")
+        started = time.monotonic()
+        with atomic_dir(qpc_dir) as work:
+            build_program(request, work, model, params, custom_io)
+        reason = f"{why}; built in {time.monotonic() - started:.2f} s"
+        return self._program(request, qpc_dir, key, cached=False, reason=reason)
+
+    @staticmethod
+    def _program(request: CompileRequest, qpc_dir: Path, key: str, *, cached: bool, reason: str) -> OrtProgram:
+        devices = request.devices
+        return OrtProgram(
+            backend=BACKEND_NAME,
+            qpc_dir=qpc_dir,
+            key=key,
+            cached=cached,
+            reason=reason,
+            specializations=list(request.specializations),
+            model_info=request.model_info,
+            session_mode=getattr(devices, "session_mode", "static"),
+            execution_provider=getattr(devices, "execution_provider", "cpu"),
+            threads=getattr(devices, "threads", None),
+        )
+
+    def open_session(self, program: CompiledProgram, *, threads: int | None = None):
+        """An :class:`~spdflow_ort.session.OrtSession` on the program, its KV cache zeroed.
+
+        Mode, execution provider and threads come from the program (the recipe's devices
+        section); ``threads`` overrides the thread count.
+        """
+        from spdflow_ort.session import OrtSession
+
+        qpc_dir = Path(program.qpc_dir)
+        if not program_is_complete(qpc_dir):
+            raise StageError(
+                f"onnxruntime: {qpc_dir} holds no complete program (qpc/{MANIFEST} missing); "
+                "run the compile stage again"
+            )
+        defaults = _recorded_devices(qpc_dir)
+        return OrtSession(
+            qpc_dir / "qpc",
+            specializations=program.specializations,
+            vocab_size=program.model_info.vocab_size,
+            mode=getattr(program, "session_mode", None) or defaults.get("session_mode", "static"),
+            execution_provider=getattr(program, "execution_provider", None)
+            or defaults.get("execution_provider", "cpu"),
+            threads=threads or getattr(program, "threads", None) or defaults.get("threads"),
+        )
+
+
+def _recorded_devices(qpc_dir: Path) -> dict:
+    # A plain CompiledProgram (built elsewhere) carries no runtime choices: use qconfig.json's.
+    try:
+        recorded = json.loads((qpc_dir / "qconfig.json").read_text(encoding="utf-8"))["devices"]
+        return recorded if isinstance(recorded, dict) else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}

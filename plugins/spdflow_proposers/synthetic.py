@@ -1,0 +1,103 @@
+"""A proposer with a chosen acceptance rate, for performance modelling.
+
+It answers "what would a proposer with per-token acceptance a and proposal rate r buy on this
+hardware?" without the proposer existing — the idea of TRT-LLM's
+``TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS``, but lossless: proposals are built from the
+target's own greedy no-spec continuation (``ctx.reference_output``), each proposed token equal to
+the reference with probability ``acceptance_rate`` (else a uniformly drawn other token id), so
+greedy verification keeps the output exact while the accepted lengths follow the configured
+rates: a step keeps j tokens with probability a^j (1 - a).
+
+At temperature > 0 the generated text leaves the greedy reference and proposals are rejected
+more often than configured; use it with greedy workloads.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from spdflow.api import Proposal, ProposeInput, Proposer, Request
+from spdflow.errors import StageError
+
+
+class SyntheticConfig(BaseModel):
+    """The ``with:`` block of ``proposer: {uses: synthetic}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    acceptance_rate: float = Field(
+        0.7, ge=0.0, le=1.0,
+        description="Probability that each proposed token equals the target's greedy token, "
+        "independently per token.",
+    )
+    proposal_rate: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Probability that a request proposes at all in a step (0: never proposes).",
+    )
+    seed: int = Field(0, ge=0, description="Seed; each request draws from its own stream.")
+
+
+class SyntheticProposer(Proposer):
+    """Proposals drawn around the reference continuation; see the module docstring."""
+
+    name = "synthetic"
+    needs_reference_output = True
+
+    def __init__(self, config: SyntheticConfig, reference_output, vocab_size: int):
+        self.config = config
+        self.reference_output = reference_output
+        self.vocab_size = vocab_size
+        self.may_propose_nothing = config.proposal_rate < 1.0
+        self.rngs: dict[int, np.random.Generator] = {}
+        self.references: dict[int, np.ndarray] = {}
+
+    def add_request(self, slot: int, request: Request) -> None:
+        # Seeded by the request, not the slot, so a request's proposals do not depend on the
+        # batch it happened to share.
+        self.rngs[slot] = np.random.default_rng([self.config.seed, request.index])
+        self.references.pop(slot, None)
+
+    def remove_request(self, slot: int) -> None:
+        self.rngs.pop(slot, None)
+        self.references.pop(slot, None)
+
+    def propose(self, inputs: Sequence[ProposeInput]) -> list[Proposal]:
+        return [self._propose_one(item) for item in inputs]
+
+    def _propose_one(self, item: ProposeInput) -> Proposal:
+        rng = self.rngs.get(item.slot)
+        if rng is None:
+            rng = self.rngs[item.slot] = np.random.default_rng([self.config.seed, item.request_index])
+        if item.k_max <= 0 or self.config.proposal_rate <= 0:
+            return Proposal.empty()
+        if self.config.proposal_rate < 1.0 and rng.random() >= self.config.proposal_rate:
+            return Proposal.empty()
+        reference = self._reference(item)
+        position = len(item.tokens) - item.num_prompt_tokens  # next generated index
+        truth = reference[position : position + item.k_max]
+        if len(truth) == 0:
+            return Proposal.empty()
+        right = rng.random(len(truth)) < self.config.acceptance_rate
+        # A wrong token: uniform over the other V-1 ids (shift past the true id).
+        wrong = rng.integers(0, self.vocab_size - 1, size=len(truth))
+        wrong = wrong + (wrong >= truth)
+        return Proposal(np.where(right, truth, wrong).astype(np.int64))
+
+    def _reference(self, item: ProposeInput) -> np.ndarray:
+        reference = self.references.get(item.slot)
+        if reference is None:
+            reference = np.asarray(self.reference_output(item.request_index), dtype=np.int64)
+            self.references[item.slot] = reference
+        return reference
+
+
+def make_synthetic(config: SyntheticConfig, ctx) -> SyntheticProposer:
+    """Factory registered as ``synthetic``."""
+    if getattr(ctx, "reference_output", None) is None:
+        raise StageError(
+            "the synthetic proposer needs the engine's reference output (ctx.reference_output), "
+            "which this engine did not provide"
+        )
+    return SyntheticProposer(config, ctx.reference_output, ctx.target.vocab_size)
