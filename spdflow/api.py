@@ -237,6 +237,9 @@ class ProposerContext:
     #: the greedy no-spec continuation of request i (computed once by the engine on first
     #: call); for proposers that model acceptance, like ``synthetic``.
     reference_output: Callable[[int], np.ndarray] | None = None
+    #: the recipe file's folder, against which a proposer resolves relative paths in its config
+    #: (e.g. a corpus); None when the recipe did not come from a file.
+    base_dir: Path | None = None
 
 
 class Proposer:

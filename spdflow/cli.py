@@ -52,6 +52,19 @@ class SpdflowGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             ctx.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: still one sentence, the traceback only with --verbose
+            report_error(internal_error(exc))
+            ctx.exit(1)
+
+
+def internal_error(exc: Exception) -> SpdflowError:
+    """An unexpected exception as a one-sentence error; its traceback stays in ``__cause__``."""
+    lines = str(exc).strip().splitlines()
+    error = SpdflowError(f"internal error: {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": "))
+    error.__cause__ = exc
+    return error
 
 
 @click.group(cls=SpdflowGroup, context_settings={"help_option_names": ["-h", "--help"]})

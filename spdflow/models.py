@@ -16,12 +16,13 @@ def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None
     """The local directory of ``model_id``; one sentence when it is not on this machine."""
     if model_id.startswith(zoo.PREFIX):
         return zoo.zoo_path(model_id)
-    for candidate in (Path(model_id).expanduser(), base_dir / model_id):
-        if candidate.is_dir():
-            if not (candidate / "config.json").is_file():
-                raise ModelNotFoundError(f"model directory '{candidate}' has no config.json",
-                                         hint="point model.id at a Hugging Face model folder")
-            return candidate.resolve()
+    # A relative path means the recipe's folder, never the current directory (DESIGN §6).
+    candidate = base_dir / Path(model_id).expanduser()
+    if candidate.is_dir():
+        if not (candidate / "config.json").is_file():
+            raise ModelNotFoundError(f"model directory '{candidate}' has no config.json",
+                                     hint="point model.id at a Hugging Face model folder")
+        return candidate.resolve()
     cached = _from_hf_cache(model_id, revision)
     if cached is not None:
         return cached

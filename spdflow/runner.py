@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 from spdflow.engine.run import Engine, RunOptions, specializations_for
 from spdflow.recipe.loader import LoadedRecipe
@@ -22,8 +21,6 @@ def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = F
             exc.hint = f"partial report: {engine.run_dir / 'report.json'}; resume with " \
                        f"`spdflow run {loaded.path}" + (f" --from {_resume_stage(engine)}`" if _resume_stage(engine) else "`")
         raise
-    finally:
-        _copy_report(engine, options)
     report = json.loads((engine.run_dir / "report.json").read_text())
     if not quiet:
         _print_summary(ui, engine, report)
@@ -35,13 +32,6 @@ def _resume_stage(engine) -> str | None:
         if stage.status == "failed" and name in ("export", "specialize", "compile", "generate"):
             return name
     return None
-
-
-def _copy_report(engine, options: RunOptions) -> None:
-    source = engine.run_dir / "report.json"
-    if options.report_path and source.exists():
-        options.report_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, options.report_path)
 
 
 def _print_summary(ui, engine, report: dict) -> None:

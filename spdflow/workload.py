@@ -31,7 +31,7 @@ def read_prompt_file(path: Path) -> list[str]:
         raise RecipeError(f"prompt file '{path}' does not exist", hint="paths are relative to the recipe's folder")
     size = path.stat().st_size
     if size > MAX_PROMPT_FILE_BYTES:
-        raise RecipeError(f"prompt file '{path}' is {size // (1024 * 1024)} MiB, over the {MAX_PROMPT_FILE_BYTES // (1024 * 1024)} MiB limit",
+        raise RecipeError(f"prompt file '{path}' is {size:,} bytes, over the {MAX_PROMPT_FILE_BYTES:,}-byte limit",
                           hint="split the file or take fewer prompts")
     try:
         text = path.read_text(encoding="utf-8")

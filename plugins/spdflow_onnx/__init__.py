@@ -1,1 +1,16 @@
-"""placeholder"""
+"""Built-in export plugin: Hugging Face causal LM (Llama, Qwen2, Qwen3) -> the ONNX of DESIGN §4.
+
+The implementation lives in :mod:`spdflow_onnx.export`, imported only when an export runs so
+that loading this plugin (``spdflow lint``, ``spdflow plugins``) does not import torch.
+"""
+from __future__ import annotations
+
+from spdflow.hookspecs import hookimpl
+
+
+@hookimpl(trylast=True)
+def spdflow_export(request):
+    """Export ``request.model_dir`` to ``request.work_dir/model.onnx`` + ``model.onnx.data``."""
+    from spdflow_onnx.export import export_model
+
+    return export_model(request)

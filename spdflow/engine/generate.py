@@ -73,13 +73,15 @@ class Generator:
     """Runs a workload through one target session with one proposer, policy and acceptor."""
 
     def __init__(self, pm, session, config: LoopConfig, *, proposer=None, proposer_name: str = "",
-                 policy=None, acceptor=None, trace: Callable[[dict], None] | None = None,
+                 proposer_plugin: str = "", policy=None, acceptor=None, trace: Callable[[dict], None] | None = None,
                  on_tokens: Callable[[int], None] | None = None):
         self.pm = pm
         self.session = session
         self.cfg = config
         self.proposer = proposer
         self.proposer_name = proposer_name
+        #: who to blame in errors, e.g. "plugin 'spdflow_proposers' 0.1.0"
+        self.proposer_plugin = proposer_plugin
         self.policy = policy
         self.acceptor = acceptor
         self.trace = trace or (lambda record: None)
@@ -246,23 +248,22 @@ class Generator:
         except SpdflowError:
             raise
         except Exception as exc:
-            raise PluginError(f"proposer '{self.proposer_name}' failed: {type(exc).__name__}: {exc}") from exc
+            raise PluginError(f"{self._who()} failed: {type(exc).__name__}: {exc}") from exc
         elapsed = time.perf_counter() - start
         return self._checked(proposals, inputs), elapsed
 
     def _checked(self, proposals, inputs) -> list[Proposal]:
         """Proposals must match the inputs one-to-one, fit k_max and stay in the vocabulary."""
-        name = self.proposer_name
         if not isinstance(proposals, list) or len(proposals) != len(inputs):
-            raise PluginError(f"proposer '{name}' returned {type(proposals).__name__} of length "
+            raise PluginError(f"{self._who()} returned {type(proposals).__name__} of length "
                               f"{len(proposals) if hasattr(proposals, '__len__') else '?'} for {len(inputs)} requests")
         checked = []
         for proposal, item in zip(proposals, inputs):
             tokens = np.asarray(proposal.tokens, dtype=np.int64).reshape(-1)
             if len(tokens) > item.k_max:
-                raise PluginError(f"proposer '{name}' proposed {len(tokens)} tokens where k_max was {item.k_max}")
+                raise PluginError(f"{self._who()} proposed {len(tokens)} tokens where k_max was {item.k_max}")
             if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size):
-                raise PluginError(f"proposer '{name}' proposed a token id outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+                raise PluginError(f"{self._who()} proposed a token id outside the vocabulary (0..{self.cfg.vocab_size - 1})")
             checked.append(Proposal(tokens, proposal.probs))
         return checked
 
@@ -313,10 +314,15 @@ class Generator:
         if self.proposer is not None:
             self._call_proposer("remove_request", live.slot)
 
+    def _who(self) -> str:
+        """The proposer named for error messages, with its plugin and version when known."""
+        label = f"proposer '{self.proposer_name}'"
+        return f"{label} ({self.proposer_plugin})" if self.proposer_plugin else label
+
     def _call_proposer(self, method: str, *args) -> None:
         try:
             getattr(self.proposer, method)(*args)
         except SpdflowError:
             raise
         except Exception as exc:
-            raise PluginError(f"proposer '{self.proposer_name}' failed in {method}: {type(exc).__name__}: {exc}") from exc
+            raise PluginError(f"{self._who()} failed in {method}: {type(exc).__name__}: {exc}") from exc

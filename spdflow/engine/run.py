@@ -194,7 +194,7 @@ class Engine:
             shutil.rmtree(work, ignore_errors=True)
             raise
         info = _model_info(_model_info_json(info))
-        return target / result.onnx_path.name, info, key, False, "ran (no cached export with this key)"
+        return target / result.onnx_path.name, info, key, False, "no cached export with this key"
 
     # -- compile --------------------------------------------------------------------------
 
@@ -284,9 +284,10 @@ class Engine:
             policy_name = self.options.k_policy or recipe.k_policy
             policy = self.pm.lookup("k_policy", policy_name).factory()
             baseline: dict[int, np.ndarray] = {}
-            proposer, proposer_name = None, ""
+            proposer, proposer_name, proposer_plugin = None, "", ""
             if recipe.proposer is not None and not self.options.proposer_off and policy_name != "nospec":
                 proposer_name = recipe.proposer.uses
+                proposer_plugin = self._plugin_label(self.pm.lookup("proposer", proposer_name).plugin)
                 proposer = self._make_proposer(info, sampling, baseline)
             need_baseline = self.options.check_lossless or getattr(proposer, "needs_reference_output", False)
             if need_baseline and proposer is not None:
@@ -297,7 +298,7 @@ class Engine:
                         baseline[result.index] = result.tokens
             records = self.state.records
             generator = Generator(self.pm, session, config, proposer=proposer, proposer_name=proposer_name,
-                                  policy=policy, acceptor=acceptor, trace=records.append)
+                                  proposer_plugin=proposer_plugin, policy=policy, acceptor=acceptor, trace=records.append)
             with self.ui.generation(sum(r.max_new_tokens for r in requests), "generate") as bar:
                 generator.on_tokens = bar.advance
                 results = generator.generate(requests)
@@ -329,7 +330,7 @@ class Engine:
         config = self.loaded.proposer_config
         if config is None and registration.config is not None:
             config = registration.config.model_validate(recipe.proposer.with_)
-        ctx = ProposerContext(recipe=recipe, target=info, sampling=sampling, run_dir=self.run_dir,
+        ctx = ProposerContext(recipe=recipe, target=info, sampling=sampling, run_dir=self.run_dir, base_dir=self.loaded.base_dir,
                               build_session=self.build_draft_session,
                               reference_output=lambda i: baseline[i])
         try:
@@ -337,8 +338,14 @@ class Engine:
         except SpdflowError:
             raise
         except Exception as exc:
-            raise PluginError(f"proposer '{recipe.proposer.uses}' (plugin '{registration.plugin}') failed to start: "
+            raise PluginError(f"proposer '{recipe.proposer.uses}' ({self._plugin_label(registration.plugin)}) failed to start: "
                               f"{type(exc).__name__}: {exc}") from exc
+
+    def _plugin_label(self, plugin: str) -> str:
+        """The "plugin 'name' version" label of error messages that blame a plugin."""
+        info = self.pm.infos.get(plugin)
+        version = f" {info.version}" if info is not None and info.version else ""
+        return f"plugin '{plugin}'{version}"
 
     # -- the whole run --------------------------------------------------------------------
 
@@ -407,7 +414,7 @@ class Engine:
         except Exception as exc:  # the report must never hide the run's own error
             self._end(stage, start, "failed", _one_line(exc))
             if self.state.status == "ok":
-                raise
+                raise StageError(f"cannot write the run report in '{self.run_dir}': {_one_line(exc)}") from exc
 
 
 # ------------------------------------------------------------------------------- small helpers

@@ -156,6 +156,28 @@ class YamlDocument:
         return self.positions.get((), Location(self.source))
 
 
+def _check_depth(text: str, source: str) -> None:
+    """Refuse deep nesting from the event stream, before PyYAML's recursive composer sees it
+    (thousands of '[' would otherwise take seconds to end in a RecursionError)."""
+    depth = 0
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml: no quadratic look-ahead
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    raise YamlProblem(Finding(Location(source, mark.line + 1, mark.column + 1), "SPD004",
+                                              f"the document is nested deeper than {MAX_DEPTH} levels"))
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # syntax errors are reported by the main parse, with its messages
+    finally:
+        loader.dispose()
+
+
 def parse_yaml(text: str, source: str) -> YamlDocument:
     """Parse one YAML document into plain data with positions; raises YamlProblem."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
@@ -163,6 +185,7 @@ def parse_yaml(text: str, source: str) -> YamlDocument:
                                   "a recipe is a short YAML file"))
     builder = _Builder(source)
     try:
+        _check_depth(text, source)
         loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()

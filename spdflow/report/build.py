@@ -1,31 +1,82 @@
-"""Assemble the run report from the engine's state and write every report file."""
+"""Assemble the RunReport from the engine's state and write every report file."""
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 
 from spdflow import __version__
 from spdflow.engine import cache
-from spdflow.engine.run import environment, peak_rss_mb, write_json, write_jsonl
+from spdflow.engine.run import peak_rss_mb, write_jsonl
+from spdflow.report.metrics import compute_metrics
+from spdflow.report.model import (
+    Artifact,
+    ErrorRecord,
+    Lossless,
+    PluginRecord,
+    RunReport,
+    StageRecord,
+    collect_environment,
+    make_artifact,
+)
+from spdflow.report.render import write_report_files
 
 
-def write_run_report(engine) -> dict:
+def write_run_report(engine) -> RunReport:
+    """Write trace.jsonl, outputs.jsonl and report.json/.md/.html (+ plots) into the run dir."""
     state = engine.state
     run_dir = engine.run_dir
     write_jsonl(run_dir / "trace.jsonl", state.records)
     write_jsonl(run_dir / "outputs.jsonl", state.outputs)
-    report = {
-        "report_version": 1,
-        "run_id": state.run_id,
-        "status": state.status,
-        "recipe": engine.recipe.model_dump(mode="json", by_alias=True),
-        "recipe_path": str(engine.loaded.path),
-        "spdflow_version": __version__,
-        "environment": environment(),
-        "stages": [vars(s) for s in state.stages.values()],
-        "error": state.error,
-        "lossless": state.lossless,
-        "peak_rss_mb": peak_rss_mb(),
-        "duration_s": round(time.perf_counter() - state.t0, 3),
-    }
-    write_json(run_dir / "report.json", report)
+    has_steps = any(r.get("kind") == "request" for r in state.records)
+    metrics = compute_metrics(state.records) if has_steps else None
+    report = RunReport(
+        run_id=state.run_id,
+        status=state.status if state.status in ("ok", "failed", "interrupted") else "failed",
+        recipe=engine.recipe.model_dump(mode="json", by_alias=True),
+        recipe_path=str(engine.loaded.path),
+        recipe_sha256=_recipe_sha256(engine.loaded.path),
+        spdflow_version=__version__,
+        plugins=[PluginRecord(name=i.name, distribution=i.distribution, version=i.version) for i in engine.pm.describe()],
+        environment=collect_environment(),
+        stages=[StageRecord(name=s.name, status=s.status, reason=s.reason, duration_s=s.duration_s,
+                            cache_key=s.cache_key, detail=s.detail) for s in state.stages.values()],
+        artifacts=_artifacts(engine),
+        metrics=metrics,
+        lossless=Lossless(**state.lossless) if state.lossless else None,
+        peak_rss_mb=peak_rss_mb(),
+        error=ErrorRecord(**state.error) if state.error else None,
+        started_at=state.started_at,
+        duration_s=round(time.perf_counter() - state.t0, 3),
+        paths={"run_dir": str(run_dir), "trace": "trace.jsonl", "outputs": "outputs.jsonl"},
+    )
+    write_report_files(run_dir, report, state.records)
+    if engine.options.report_path:
+        cache.write_text_atomic(Path(engine.options.report_path), (run_dir / "report.json").read_text())
     return report
+
+
+def _recipe_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _artifacts(engine) -> list[Artifact]:
+    """The run's files with their hashes: trace, outputs, the exported models and programs."""
+    run_dir = engine.run_dir
+    artifacts = [make_artifact(run_dir, run_dir / name, name) for name in ("trace.jsonl", "outputs.jsonl")
+                 if (run_dir / name).is_file()]
+    compile_stage = engine.state.stages["compile"]
+    qpc_dir = compile_stage.detail.get("qpc_dir") if compile_stage.detail else None
+    export_root = run_dir / "export"
+    if export_root.is_dir():
+        for onnx in sorted(export_root.glob("*/*.onnx")):
+            artifacts.append(make_artifact(run_dir, onnx, f"{onnx.parent.name.split('-')[0]}.onnx"))
+    if qpc_dir and Path(qpc_dir).is_dir():
+        for name in ("specializations.json", "custom_io.yaml", "qconfig.json"):
+            path = Path(qpc_dir) / name
+            if path.is_file():
+                artifacts.append(make_artifact(run_dir, path, f"qpc/{name}"))
+    return artifacts

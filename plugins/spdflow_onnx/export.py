@@ -1,0 +1,368 @@
+"""Export a Hugging Face causal LM to the fixed-KV-cache ONNX of DESIGN §4.
+
+HF classes are not patched: :class:`KVCacheLM` reuses the HF submodules (embeddings, each
+layer's projections, norms and MLP, the final norm, lm_head, the rotary inv_freq) and
+reimplements only the decoder loop, with
+
+* new K/V scattered into the fixed-size cache at ``position_ids`` (ONNX ScatterElements, or
+  ScatterND on the selected rows under continuous batching), so one graph serves every seq_len
+  and stale slots need no cleanup;
+* the attention mask derived from ``position_ids`` (key slot > query position is masked), so a
+  padding position of -1 masks its whole row and writes only slot ctx_len-1, which no valid
+  query ever sees;
+* hidden states gathered to ``num_logits_to_keep`` rows ending at the last valid position
+  before ``lm_head``.
+
+torch and transformers are imported here only; the plugin's ``__init__`` imports this module
+lazily so ``spdflow lint`` never loads them.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spdflow.api import ExportRequest, ExportResult, ModelInfo
+from spdflow.errors import StageError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+OPSET = 17
+ONNX_NAME = "model.onnx"
+DATA_NAME = "model.onnx.data"
+
+
+class KVCacheLM(nn.Module):
+    """A causal LM with an explicit fixed-size KV cache, built on an HF model's submodules.
+
+    ``forward(input_ids, position_ids, *past, [batch_index,] num_logits_to_keep)`` returns
+    ``(logits, *retained)`` where ``past``/``retained`` alternate key, value per layer.
+    """
+
+    def __init__(self, hf_model: nn.Module, continuous_batching: bool = False):
+        super().__init__()
+        config = hf_model.config
+        inner = hf_model.model
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head
+        self.continuous_batching = continuous_batching
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        rotary = inner.rotary_emb
+        # inv_freq and attention_scaling already include any static rope scaling (llama3, yarn).
+        self.register_buffer("inv_freq", rotary.inv_freq.detach().clone().float(), persistent=False)
+        self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        """cos/sin [b, 1, s, head_dim] for the given positions, computed inside the graph."""
+        freqs = position_ids.unsqueeze(-1).float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(dtype).unsqueeze(1)
+        sin = (emb.sin() * self.rope_scaling).to(dtype).unsqueeze(1)
+        return cos, sin
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _write(self, cache, new, position_ids, batch_index):
+        """The cache with ``new`` [b, kv, s, d] written at ``position_ids`` (rows ``batch_index``)."""
+        b, kv, s, d = new.shape
+        if batch_index is None:
+            # ScatterElements; index -1 lands in slot ctx_len-1 (never visible to a valid query).
+            idx = position_ids.view(b, 1, s, 1).expand(b, kv, s, d)
+            return cache.scatter(2, idx, new)
+        # ScatterND on (row, head, slot): only the rows named by batch_index change.
+        ctx = cache.shape[2]
+        slot = torch.where(position_ids < 0, position_ids + ctx, position_ids)
+        rows = batch_index.view(b, 1, 1).expand(b, kv, s)
+        heads = torch.arange(kv, dtype=torch.int64).view(1, kv, 1).expand(b, kv, s)
+        slots = slot.view(b, 1, s).expand(b, kv, s)
+        return cache.index_put((rows, heads, slots), new)
+
+    def _attend(self, layer, hidden, cos, sin, key_cache, value_cache, mask, position_ids, batch_index):
+        """One self-attention block; returns (output, new key cache, new value cache)."""
+        attn = layer.self_attn
+        b, s, _ = hidden.shape
+        q = attn.q_proj(hidden).view(b, s, self.num_heads, self.head_dim)
+        k = attn.k_proj(hidden).view(b, s, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(hidden).view(b, s, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = self._rotate(q.transpose(1, 2), cos, sin)
+        k = self._rotate(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+
+        key_cache = self._write(key_cache, k, position_ids, batch_index)
+        value_cache = self._write(value_cache, v, position_ids, batch_index)
+        keys, values = key_cache, value_cache
+        if batch_index is not None:
+            keys = keys[batch_index.view(-1)]
+            values = values[batch_index.view(-1)]
+
+        # GQA by grouping queries per KV head: broadcasting matmul, no copy of the whole cache.
+        groups = self.num_heads // self.num_kv_heads
+        qg = q.reshape(b, self.num_kv_heads, groups * s, self.head_dim)
+        scores = torch.matmul(qg, keys.transpose(2, 3)) * attn.scaling
+        scores = scores.view(b, self.num_kv_heads, groups, s, -1)
+        # finfo.min rather than -inf: an all-masked padding row gives a uniform softmax, not NaN.
+        scores = torch.where(mask, scores.float(), torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        out = torch.matmul(probs.view(b, self.num_kv_heads, groups * s, -1), values)
+        out = out.view(b, self.num_heads, s, self.head_dim).transpose(1, 2).reshape(b, s, -1)
+        return attn.o_proj(out), key_cache, value_cache
+
+    def _keep_rows(self, hidden, position_ids, num_logits_to_keep):
+        """``num_logits_to_keep`` consecutive hidden rows ending at the last valid position."""
+        b, s, h = hidden.shape
+        nlk = num_logits_to_keep.shape[0]
+        last = torch.argmax(position_ids, dim=1, keepdim=True)  # [b, 1]
+        lower = torch.clamp(last + 1 - nlk, min=0)
+        rows = lower + torch.arange(nlk, dtype=torch.int64).view(1, -1)
+        rows = torch.clamp(rows, max=s - 1)
+        return torch.gather(hidden, 1, rows.unsqueeze(-1).expand(b, nlk, h))
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def forward(self, input_ids, position_ids, *rest):
+        n = 2 * self.num_layers
+        past = rest[:n]
+        batch_index = rest[n] if self.continuous_batching else None
+        num_logits_to_keep = rest[-1]
+
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self._rope(position_ids, hidden.dtype)
+        ctx = past[0].shape[2]
+        b, s = position_ids.shape
+        slots = torch.arange(ctx, dtype=torch.int64).view(1, 1, 1, 1, ctx)
+        mask = slots <= position_ids.view(b, 1, 1, s, 1)
+
+        retained = []
+        for i, layer in enumerate(self.layers):
+            residual = hidden
+            attn_out, key_cache, value_cache = self._attend(
+                layer, layer.input_layernorm(hidden), cos, sin,
+                past[2 * i], past[2 * i + 1], mask, position_ids, batch_index,
+            )
+            hidden = residual + attn_out
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            retained += [key_cache, value_cache]
+
+        hidden = self._keep_rows(self.norm(hidden), position_ids, num_logits_to_keep)
+        logits = self.lm_head(hidden).float()
+        return (logits, *retained)
+
+
+# ------------------------------------------------------------------------------- names
+
+
+def input_names(num_layers: int, continuous_batching: bool) -> list[str]:
+    """The graph inputs of DESIGN §4, in order."""
+    names = ["input_ids", "position_ids"]
+    for i in range(num_layers):
+        names += [f"past_key.{i}", f"past_value.{i}"]
+    if continuous_batching:
+        names.append("batch_index")
+    names.append("num_logits_to_keep")
+    return names
+
+
+def output_names(num_layers: int) -> list[str]:
+    """The graph outputs of DESIGN §4, in order."""
+    names = ["logits"]
+    for i in range(num_layers):
+        names += [f"past_key.{i}_RetainedState", f"past_value.{i}_RetainedState"]
+    return names
+
+
+def dynamic_axes(num_layers: int, continuous_batching: bool) -> dict[str, dict[int, str]]:
+    """Axis symbols per IO; exactly the names specializations.json binds."""
+    kv_rows = "full_batch_size" if continuous_batching else "batch_size"
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch_size", 1: "seq_len"},
+        "position_ids": {0: "batch_size", 1: "seq_len"},
+        "num_logits_to_keep": {0: "num_logits_to_keep"},
+        "logits": {0: "batch_size", 1: "num_logits_to_keep"},
+    }
+    if continuous_batching:
+        axes["batch_index"] = {0: "batch_size"}
+    for i in range(num_layers):
+        for kind in ("key", "value"):
+            axes[f"past_{kind}.{i}"] = {0: kv_rows, 2: "ctx_len"}
+            axes[f"past_{kind}.{i}_RetainedState"] = {0: kv_rows, 2: "ctx_len"}
+    return axes
+
+
+# ------------------------------------------------------------------------------- export
+
+
+def _check_model_dir(model_dir: Path) -> None:
+    if not (model_dir / "config.json").is_file():
+        raise StageError(
+            f"export: {model_dir} has no config.json; point model.id at a Hugging Face model directory"
+        )
+    weights = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("*.bin"))
+    if not weights:
+        raise StageError(
+            f"export: {model_dir} has no weights (*.safetensors or *.bin); download or save the model there first"
+        )
+
+
+def load_hf_model(model_dir: Path, dtype: str = "float32"):
+    """The HF causal LM in ``model_dir`` in eval mode, loaded offline in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    _check_model_dir(model_dir)
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, dtype=getattr(torch, dtype)
+        )
+    except Exception as exc:
+        raise StageError(
+            f"export: cannot load the model in {model_dir} ({type(exc).__name__}: {exc}); "
+            "check that its config and weights are complete"
+        ) from exc
+    model_type = model.config.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise StageError(
+            f"export: model type '{model_type}' in {model_dir} is not supported; "
+            f"use one of {', '.join(SUPPORTED_MODEL_TYPES)} or install an export plugin for it"
+        )
+    _check_supported_attention(model.config, model_dir)
+    return model.eval()
+
+
+def _check_supported_attention(config, model_dir: Path) -> None:
+    """Refuse configs whose attention the wrapper would silently get wrong."""
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise StageError(
+            f"export: {model_dir} uses sliding-window attention, which this exporter does not "
+            "implement; set use_sliding_window to false in its config.json or use another model"
+        )
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type in ("dynamic", "longrope"):
+        # These rescale RoPE from the sequence length at run time; a fixed graph cannot.
+        raise StageError(
+            f"export: {model_dir} uses '{rope_type}' RoPE scaling, which depends on the sequence "
+            "length at run time; use a model with static RoPE (default, linear, llama3, yarn)"
+        )
+
+
+def _example_inputs(wrapper: KVCacheLM, dtype: torch.dtype, continuous_batching: bool):
+    """Inputs for tracing; seq_len and batch >= 2 so no axis is specialized to 1."""
+    batch, seq_len, ctx, nlk = 2, 3, 8, 2
+    kv_rows = 3 if continuous_batching else batch
+    ids = torch.zeros(batch, seq_len, dtype=torch.int64)
+    pos = torch.arange(seq_len, dtype=torch.int64).repeat(batch, 1)
+    shape = (kv_rows, wrapper.num_kv_heads, ctx, wrapper.head_dim)
+    past = [torch.zeros(shape, dtype=dtype) for _ in range(2 * wrapper.num_layers)]
+    extra = [torch.tensor([[2], [0]], dtype=torch.int64)] if continuous_batching else []
+    return (ids, pos, *past, *extra, torch.zeros(nlk, 1, dtype=torch.int64))
+
+
+def model_info(model, request: ExportRequest) -> ModelInfo:
+    """The engine-facing facts of an HF model: sizes, eos/pad ids, tokenizer file."""
+    config = model.config
+    eos = None
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        eos = generation.eos_token_id
+    if eos is None:
+        eos = config.eos_token_id
+    eos_ids = tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None and generation is not None:
+        pad = generation.pad_token_id
+    if pad is None:
+        pad = eos_ids[0] if eos_ids else 0
+    tokenizer = request.model_dir / "tokenizer.json"
+    heads = config.num_attention_heads
+    return ModelInfo(
+        name=request.model.id,
+        model_type=config.model_type,
+        vocab_size=int(config.vocab_size),
+        num_layers=int(config.num_hidden_layers),
+        num_kv_heads=int(config.num_key_value_heads),
+        head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        eos_token_ids=eos_ids,
+        pad_token_id=int(pad),
+        source_dir=request.model_dir,
+        tokenizer_file=tokenizer if tokenizer.is_file() else None,
+    )
+
+
+def export_model(request: ExportRequest) -> ExportResult:
+    """Export ``request.model_dir`` to ``request.work_dir/model.onnx`` (+ one external data file)."""
+    import onnx
+
+    request.progress(f"loading {request.model_dir}")
+    model = load_hf_model(Path(request.model_dir), request.model.dtype)
+    wrapper = KVCacheLM(model, request.continuous_batching).eval()
+    n_layers = wrapper.num_layers
+    dtype = next(model.parameters()).dtype
+    work = Path(request.work_dir)
+    raw_dir = work / "_trace"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    raw = raw_dir / ONNX_NAME
+
+    request.progress(f"tracing {model.config.model_type} ({n_layers} layers) to ONNX opset {OPSET}")
+    with torch.no_grad(), warnings.catch_warnings():
+        # The legacy exporter's DeprecationWarning and TracerWarnings are expected here.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            _example_inputs(wrapper, dtype, request.continuous_batching),
+            str(raw),
+            input_names=input_names(n_layers, request.continuous_batching),
+            output_names=output_names(n_layers),
+            dynamic_axes=dynamic_axes(n_layers, request.continuous_batching),
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+    request.progress("writing weights as one external data file")
+    proto = onnx.load(str(raw))
+    onnx_path = work / ONNX_NAME
+    onnx.save_model(
+        proto,
+        str(onnx_path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_NAME,
+        size_threshold=1024,
+    )
+    del proto
+    shutil.rmtree(raw_dir)
+    info = model_info(model, request)
+    (work / "model_info.json").write_text(
+        json.dumps(_info_json(info), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    request.progress(f"exported {onnx_path.name}")
+    return ExportResult(
+        onnx_path=onnx_path,
+        model_info=info,
+        files=[onnx_path, work / DATA_NAME, work / "model_info.json"],
+    )
+
+
+def _info_json(info: ModelInfo) -> dict:
+    data = {k: getattr(info, k) for k in info.__dataclass_fields__}
+    data["eos_token_ids"] = list(info.eos_token_ids)
+    data["source_dir"] = str(info.source_dir)
+    data["tokenizer_file"] = str(info.tokenizer_file) if info.tokenizer_file else None
+    return data

@@ -1,0 +1,272 @@
+"""OrtSession: the onnxruntime implementation of :class:`spdflow.api.Session`.
+
+The KV cache lives in numpy arrays wrapped once in OrtValues and bound as BOTH the ``past_*``
+input and the ``*_RetainedState`` output of every specialization (feasibility §4): ORT's
+scatter kernels skip the input->output copy when the buffers are the same, so the cache is
+updated in place. Logits land in a preallocated buffer per specialization. No torch here.
+
+Modes: ``static`` (one InferenceSession per specialization, each graph with fixed dims; faster)
+and ``dynamic`` (one InferenceSession on the dynamic graph; about one weights copy less per
+specialization). Either way a run must match a compiled specialization, as on QAIC.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from spdflow.api import Specialization
+from spdflow.errors import BackendUnavailableError, StageError
+
+MODES = ("static", "dynamic")
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+@dataclass
+class _Shape:
+    """One runnable specialization: its session, IO binding and logits buffer."""
+
+    spec: Specialization
+    session: Any
+    binding: Any
+    logits: np.ndarray
+    nlk_input: np.ndarray
+
+
+def session_options(threads: int | None):
+    """SessionOptions for decode loops: no spinning (sessions alternate on few cores)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # Several sessions (specializations, draft + target) alternate; spinning pools fight over
+    # the cores and cost up to 2x (feasibility §4, pitfall 1).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.intra_op_num_threads = int(threads or 0)
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def providers_for(execution_provider: str) -> list[str]:
+    """The ORT provider list for "cpu" or "cuda"; BackendUnavailableError when not installed."""
+    import onnxruntime as ort
+
+    if execution_provider not in _PROVIDERS:
+        raise StageError(
+            f"onnxruntime: unknown execution provider '{execution_provider}'; use 'cpu' or 'cuda'"
+        )
+    wanted = _PROVIDERS[execution_provider]
+    if wanted not in ort.get_available_providers():
+        raise BackendUnavailableError(
+            f"onnxruntime {ort.__version__} here has no {wanted}; install onnxruntime-gpu "
+            "or set devices.execution_provider: cpu"
+        )
+    return [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
+
+
+class OrtSession:
+    """A compiled program loaded in ONNX Runtime with its KV cache resident in host memory.
+
+    :param program_dir: the ``qpc/`` directory of a compiled program (holds manifest.json).
+    :param specializations: the shapes the program was compiled for.
+    :param vocab_size: logits width.
+    :param mode: "static" or "dynamic" (see the module docstring).
+    :param execution_provider: "cpu" or "cuda".
+    :param threads: intra-op threads per session (None: all cores).
+    :param in_place: bind the KV cache in place (default); False uses plain ``run()`` and feeds
+        the retained state back, kept for benchmarks and as a reference in tests.
+    """
+
+    def __init__(
+        self,
+        program_dir: Path | str,
+        *,
+        specializations: Sequence[Specialization],
+        vocab_size: int,
+        mode: str = "static",
+        execution_provider: str = "cpu",
+        threads: int | None = None,
+        in_place: bool = True,
+    ):
+        import onnxruntime as ort
+
+        if mode not in MODES:
+            raise StageError(f"onnxruntime: unknown session mode '{mode}'; use 'static' or 'dynamic'")
+        self.program_dir = Path(program_dir)
+        self.manifest = json.loads((self.program_dir / "manifest.json").read_text(encoding="utf-8"))
+        self.mode = mode
+        self.in_place = in_place
+        self.specializations = list(specializations)
+        self.vocab_size = int(vocab_size)
+        self.ctx_len = self.specializations[0].ctx_len
+        self.continuous_batching = bool(self.manifest.get("continuous_batching"))
+        self.kv_batch_size = max(s.full_batch_size or s.batch_size for s in self.specializations)
+        self.device = "cuda" if execution_provider == "cuda" else "cpu"
+        providers = providers_for(execution_provider)
+        options = session_options(threads)
+
+        self.input_names = list(self.manifest["inputs"])
+        self.kv_inputs = [n for n in self.input_names if n.startswith("past_")]
+        kv_dtype = self.manifest.get("kv_dtype", "float32")
+        if kv_dtype not in _NP_DTYPES:
+            raise StageError(
+                f"onnxruntime: a {kv_dtype} KV cache is not supported by this backend; "
+                "export the model as float32 or float16"
+            )
+        self._build_kv(_NP_DTYPES[kv_dtype])
+
+        def open_graph(file: str):
+            return ort.InferenceSession(str(self.program_dir / file), options, providers=providers)
+
+        dynamic = open_graph(self.manifest["dynamic"]["file"]) if mode == "dynamic" else None
+        files = {tuple(sorted(g["symbols"].items())): g["file"] for g in self.manifest["graphs"]}
+        self._shapes: dict[tuple[int, int, int], _Shape] = {}
+        for spec in self.specializations:
+            key = (spec.batch_size, spec.seq_len, spec.num_logits_to_keep)
+            if key in self._shapes:
+                continue
+            file = files.get(tuple(sorted(spec.symbols().items())))
+            if file is None:
+                raise StageError(
+                    f"onnxruntime: {self.program_dir} has no graph for {spec.symbols()}; "
+                    "compile the program again"
+                )
+            session = dynamic if dynamic is not None else open_graph(file)
+            self._shapes[key] = self._bind(spec, session)
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _build_kv(self, dtype) -> None:
+        """Zeroed KV arrays and the OrtValues that wrap them (shared by every specialization)."""
+        import onnxruntime as ort
+
+        info_shape = None
+        self.kv: dict[str, np.ndarray] = {}
+        self.kv_values: dict[str, Any] = {}
+        for name in self.kv_inputs:
+            if info_shape is None:
+                info_shape = self._kv_shape(name)
+            array = np.zeros(info_shape, dtype=dtype)
+            self.kv[name] = array
+            if self.device == "cpu":
+                # On CPU the OrtValue shares the numpy memory: updates are visible in self.kv.
+                self.kv_values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+            else:
+                self.kv_values[name] = ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0)
+
+    def _kv_shape(self, name: str) -> tuple[int, int, int, int]:
+        import onnx
+
+        graph = onnx.load(str(self.program_dir / self.manifest["dynamic"]["file"]), load_external_data=False)
+        for value in graph.graph.input:
+            if value.name == name:
+                dims = value.type.tensor_type.shape.dim
+                return (self.kv_batch_size, dims[1].dim_value, self.ctx_len, dims[3].dim_value)
+        raise StageError(f"onnxruntime: {name} is not an input of {self.program_dir}; compile again")
+
+    def _bind(self, spec: Specialization, session) -> _Shape:
+        """An IO binding with the KV cache in place and a logits buffer of this shape."""
+        binding = session.io_binding()
+        logits = np.zeros((spec.batch_size, spec.num_logits_to_keep, self.vocab_size), dtype=np.float32)
+        if self.in_place:
+            for name in self.kv_inputs:
+                binding.bind_ortvalue_input(name, self.kv_values[name])
+                binding.bind_ortvalue_output(f"{name}_RetainedState", self.kv_values[name])
+            binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        nlk_input = np.zeros((spec.num_logits_to_keep, 1), dtype=np.int64)
+        return _Shape(spec, session, binding, logits, nlk_input)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _select(self, batch: int, seq_len: int, num_logits_to_keep: int) -> _Shape:
+        shape = self._shapes.get((batch, seq_len, num_logits_to_keep))
+        if shape is None:
+            allowed = ", ".join(
+                f"(batch {b}, seq_len {s}, num_logits_to_keep {n})" for b, s, n in self._shapes
+            )
+            raise StageError(
+                f"onnxruntime: no compiled shape for batch {batch}, seq_len {seq_len}, "
+                f"num_logits_to_keep {num_logits_to_keep}; compiled shapes: {allowed}"
+            )
+        return shape
+
+    def _batch_index(self, batch_index, batch: int) -> np.ndarray | None:
+        if not self.continuous_batching:
+            if batch_index is not None:
+                raise StageError(
+                    "onnxruntime: batch_index was given but the program was compiled without "
+                    "continuous batching; set specialization.full_batch_size or drop batch_index"
+                )
+            return None
+        if batch_index is None:
+            batch_index = np.arange(batch).reshape(batch, 1)  # rows 0..b-1, like a plain batch
+        index = np.ascontiguousarray(batch_index, dtype=np.int64).reshape(batch, 1)
+        if index.min() < 0 or index.max() >= self.kv_batch_size:
+            raise StageError(
+                f"onnxruntime: batch_index {index.ravel().tolist()} is outside the KV cache's "
+                f"{self.kv_batch_size} rows (full_batch_size)"
+            )
+        return index
+
+    def run(self, input_ids, position_ids, num_logits_to_keep: int, batch_index=None) -> np.ndarray:
+        """Run one step; returns logits [batch, num_logits_to_keep, vocab] (a reused buffer)."""
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        positions = np.ascontiguousarray(position_ids, dtype=np.int64)
+        if ids.ndim != 2 or ids.shape != positions.shape:
+            raise StageError(
+                f"onnxruntime: input_ids {ids.shape} and position_ids {positions.shape} must be "
+                "2-D arrays of the same shape [batch, seq_len]"
+            )
+        shape = self._select(ids.shape[0], ids.shape[1], int(num_logits_to_keep))
+        index = self._batch_index(batch_index, ids.shape[0])
+        if not self.in_place:
+            return self._run_copying(shape, ids, positions, index)
+        binding = shape.binding
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("position_ids", positions)
+        binding.bind_cpu_input("num_logits_to_keep", shape.nlk_input)
+        if index is not None:
+            binding.bind_cpu_input("batch_index", index)
+        # The bound arrays must outlive the run; keep them referenced until the next one.
+        self._last_inputs = (ids, positions, index)
+        shape.session.run_with_iobinding(binding)
+        return shape.logits
+
+    def _run_copying(self, shape: _Shape, ids, positions, index) -> np.ndarray:
+        """Plain run(): KV in, retained state out, copied back into the cache arrays."""
+        feeds = {"input_ids": ids, "position_ids": positions, "num_logits_to_keep": shape.nlk_input}
+        feeds.update(self.kv)
+        if index is not None:
+            feeds["batch_index"] = index
+        outputs = shape.session.run(None, feeds)
+        for name, value in zip(self.kv_inputs, outputs[1:]):
+            self.kv[name] = value  # take the new arrays; the next run feeds them back
+        shape.logits[...] = outputs[0]
+        return shape.logits
+
+    # -- state -------------------------------------------------------------------------------
+
+    def kv_cache(self) -> dict[str, np.ndarray]:
+        """The KV cache by input name (views of the live arrays on CPU; copies on CUDA)."""
+        if self.device == "cpu":
+            return dict(self.kv)
+        return {name: value.numpy() for name, value in self.kv_values.items()}
+
+    def reset(self) -> None:
+        """Zero the whole KV cache (not needed between requests: stale slots are masked)."""
+        for array in self.kv.values():
+            array.fill(0)
+        if self.device != "cpu":
+            for name, value in self.kv_values.items():
+                value.update_inplace(self.kv[name])
+
+    def close(self) -> None:
+        """Release the sessions and the KV cache."""
+        self._shapes.clear()
+        self.kv_values.clear()
+        self.kv.clear()

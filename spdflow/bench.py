@@ -1,0 +1,440 @@
+"""``spdflow bench``: no-spec, fixed-K and varK on one workload, side by side, plus peers.
+
+Per batch size the target is compiled once for the recipe's K-list plus K = 0 (so no-spec has
+its shape) and one session is opened; the modes differ only in proposer and K policy:
+
+* ``nospec`` — no proposer, K = 0 every step;
+* ``fixed``  — the recipe's proposer, always the largest K (a fixed-K SpD system);
+* ``varK``   — the recipe's proposer and K policy over its K-list.
+
+A first, untimed no-spec pass warms the session up and gives the greedy reference every mode is
+compared with (and that the ``synthetic`` proposer draws from). Then the repeats run with the
+mode order rotated each repeat, so machine drift hits every mode alike; the rows carry medians
+over repeats plus min/max. Peers (``--peers hf``) run in a subprocess (:mod:`spdflow.peers`) so
+torch never shares the process — or its thread pool — with the ORT timing loop.
+
+Memory: all modes share one process and one session, so the process's high-water mark says
+nothing per mode. ``peak_rss_mb`` is the largest resident set sampled (every 20 ms) while that
+mode ran — shared session and weights included — and ``rss_growth_mb`` is that peak minus the
+resident set just before the mode started: what the mode itself added.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from spdflow.errors import StageError, UsageError
+
+MODES = ("nospec", "fixed", "varK")
+PEERS = ("hf",)
+
+#: Keys every JSON row has (``*_min``/``*_max`` accompany each timed metric).
+ROW_KEYS = ("mode", "batch_size", "requests_per_s", "tokens_per_s", "tpot_ms", "al",
+            "identical_to_nospec", "peak_rss_mb")
+#: Metrics reported as median over repeats with min and max.
+TIMED = ("requests_per_s", "tokens_per_s", "decode_tokens_per_s", "tpot_ms", "host_frac", "outside_verify_frac", "peak_rss_mb",
+         "rss_growth_mb")
+
+
+@dataclass
+class BenchOptions:
+    """What ``spdflow bench`` runs: batch sizes, modes, peers, repeats, where the JSON goes."""
+
+    batch_sizes: list[int] | None = None  # None: the recipe's own batch size
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    peers: list[str] = field(default_factory=list)
+    repeats: int = 3
+    json_path: Path | None = None
+
+
+@dataclass
+class ModeRun:
+    """One timed run of one mode at one batch size."""
+
+    mode: str
+    batch_size: int
+    repeat: int
+    metrics: Any  # spdflow.report.metrics.Metrics
+    tokens: dict[int, list[int]]
+    peak_rss_mb: float
+    rss_growth_mb: float
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+def check_options(options: BenchOptions) -> None:
+    """Reject unknown modes/peers and nonsense counts with one sentence each."""
+    unknown = [m for m in options.modes if m not in MODES]
+    if unknown:
+        raise UsageError(f"unknown bench mode '{unknown[0]}'", hint=f"choose from {', '.join(MODES)}")
+    unknown = [p for p in options.peers if p not in PEERS]
+    if unknown:
+        raise UsageError(f"unknown peer '{unknown[0]}'", hint=f"choose from {', '.join(PEERS)}")
+    if options.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    if options.batch_sizes is not None and any(b < 1 for b in options.batch_sizes):
+        raise UsageError("batch sizes must be at least 1")
+
+
+def run_order(modes: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+    """(repeat, mode) pairs, the mode order rotated by one each repeat so no mode always runs
+    first (or right after the same neighbour)."""
+    modes = list(modes)
+    order = []
+    for r in range(repeats):
+        shift = r % len(modes) if modes else 0
+        order += [(r, m) for m in modes[shift:] + modes[:shift]]
+    return order
+
+
+def compile_k_list(recipe) -> list[int]:
+    """The recipe's K-list plus 0, so the no-spec mode has its decode shape."""
+    return sorted(set(recipe.k_list()) | {0})
+
+
+def batch_recipe(recipe, batch_size: int):
+    """The recipe at one batch size: full_batch_size under continuous batching, else batch_size."""
+    spec = recipe.specialization
+    if spec.full_batch_size is not None:
+        spec = spec.model_copy(update={"full_batch_size": batch_size})
+    else:
+        spec = spec.model_copy(update={"batch_size": batch_size})
+    return recipe.model_copy(update={"specialization": spec})
+
+
+def mode_setup(mode: str, recipe) -> tuple[str, bool]:
+    """(K policy name, whether the recipe's proposer runs) of a mode."""
+    if mode == "nospec":
+        return "nospec", False
+    if mode == "fixed":
+        return "fixed", True
+    return recipe.k_policy, True
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def current_rss_mb() -> float:
+    """The process's resident set now (MiB), from /proc; falls back to the high-water mark."""
+    try:
+        with open("/proc/self/statm") as handle:
+            pages = int(handle.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+    except (OSError, ValueError, IndexError):
+        from spdflow.engine.run import peak_rss_mb
+
+        return peak_rss_mb()
+
+
+class RssSampler:
+    """Samples the resident set on a thread while a block runs; ``peak`` and ``before`` in MiB."""
+
+    def __init__(self, interval_s: float = 0.02):
+        self.interval_s = interval_s
+        self.before = self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, current_rss_mb())
+
+    def __enter__(self):
+        self.before = self.peak = current_rss_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_mb())
+        return False
+
+
+# ------------------------------------------------------------------------------ one batch size
+
+
+class BatchBench:
+    """One compiled program and one session at one batch size; runs any mode on them."""
+
+    def __init__(self, pm, loaded, batch_size: int, ui):
+        from spdflow.engine.run import Engine, RunOptions
+
+        self.pm = pm
+        self.batch_size = batch_size
+        self.recipe = batch_recipe(loaded.recipe, batch_size)
+        self.loaded = dataclasses.replace(loaded, recipe=self.recipe)
+        self.engine = Engine(pm, self.loaded, RunOptions(), ui)
+        self.ui = ui
+        self.baseline: dict[int, np.ndarray] = {}
+        self.session = None
+
+    def open(self) -> None:
+        """Compile (cached) for the K-list plus 0, open the session, tokenize the workload."""
+        from spdflow.api import Request, Sampling
+        from spdflow.engine.generate import LoopConfig
+        from spdflow.engine.run import check_prompts, load_tokenizer
+        from spdflow.workload import load_prompts
+
+        recipe = self.recipe
+        program, self.info = self.engine.build_model(recipe.model, "target", compile_k_list(recipe), recipe.devices)
+        if not program.runnable:
+            raise StageError("the compiled program cannot run on this machine", hint="bench needs a runnable backend")
+        self.tokenizer = load_tokenizer(self.info)
+        workload = recipe.workload
+        prompts = load_prompts(workload, self.loaded.base_dir, self.pm)
+        self.requests = [Request(i, text, np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64),
+                                 workload.max_new_tokens, workload.seed) for i, text in enumerate(prompts)]
+        check_prompts(self.requests, recipe)
+        self.session = self.engine.open_session(program)
+        self.sampling = Sampling(workload.temperature, workload.top_k, workload.top_p)
+        spec, info = recipe.specialization, self.info
+        self.config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
+                                 recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
+                                 self.sampling, workload.ignore_eos)
+        self.nospec_config = dataclasses.replace(self.config, k_list=[0])
+
+    def close(self) -> None:
+        """Close every session the engine opened."""
+        for session in self.engine._sessions:
+            try:
+                session.close()
+            except Exception:
+                pass
+        self.engine._sessions.clear()
+
+    def warm_up(self) -> None:
+        """An untimed greedy no-spec pass: warms the session and records the reference tokens."""
+        records: list[dict] = []
+        results = self._generate("nospec", records)
+        self.baseline = {r.index: r.tokens for r in results}
+
+    def run(self, mode: str, repeat: int) -> ModeRun:
+        """One timed run of ``mode``; the proposer is built before the clock starts."""
+        from spdflow.report.metrics import compute_metrics
+
+        records: list[dict] = []
+        with RssSampler() as rss:
+            results = self._generate(mode, records)
+        tokens = {r.index: r.tokens.tolist() for r in results}
+        return ModeRun(mode, self.batch_size, repeat, compute_metrics(records), tokens,
+                       round(rss.peak, 1), round(rss.peak - rss.before, 1))
+
+    def _generate(self, mode: str, records: list) -> list:
+        from spdflow.engine.generate import Generator
+
+        recipe = self.recipe
+        policy_name, with_proposer = mode_setup(mode, recipe)
+        policy = self.pm.lookup("k_policy", policy_name).factory()
+        acceptor = self.pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
+        proposer, name = None, ""
+        if with_proposer and recipe.proposer is not None:
+            proposer, name = self.engine._make_proposer(self.info, self.sampling, self.baseline), recipe.proposer.uses
+        config = self.config if proposer is not None else self.nospec_config
+        generator = Generator(self.pm, self.session, config, proposer=proposer, proposer_name=name,
+                              policy=policy, acceptor=acceptor, trace=records.append)
+        try:
+            return generator.generate(self.requests)
+        finally:
+            if proposer is not None:
+                proposer.close()
+
+
+# ------------------------------------------------------------------------------ summarizing
+
+
+def _stats(values: list[float | None]) -> tuple[float | None, float | None, float | None]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None, None
+    return statistics.median(values), min(values), max(values)
+
+
+def run_values(run: ModeRun) -> dict[str, float | None]:
+    """The per-run numbers a row summarizes (times in ms, fractions of decode step time)."""
+    m = run.metrics
+    decode = m.decode_time_s
+    return {
+        "requests_per_s": m.requests_per_s,
+        "tokens_per_s": m.e2e_tokens_per_s,
+        "decode_tokens_per_s": m.decode_tokens_per_s,
+        "tpot_ms": None if m.tpot_median_s is None else m.tpot_median_s * 1000,
+        "host_frac": m.host_fraction,
+        "outside_verify_frac": (m.host_s + m.propose_s) / decode if decode else None,
+        "peak_rss_mb": run.peak_rss_mb,
+        "rss_growth_mb": run.rss_growth_mb,
+    }
+
+
+def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> list[dict]:
+    """One row per (batch size, mode): medians over repeats with min/max, AL, identity."""
+    groups: dict[tuple[int, str], list[ModeRun]] = {}
+    for run in runs:
+        groups.setdefault((run.batch_size, run.mode), []).append(run)
+    rows = []
+    for (batch, mode), mine in groups.items():
+        row: dict[str, Any] = {"mode": mode, "batch_size": batch, "repeats": len(mine)}
+        values = [run_values(r) for r in mine]
+        for key in TIMED:
+            med, lo, hi = _stats([v[key] for v in values])
+            row[key], row[f"{key}_min"], row[f"{key}_max"] = med, lo, hi
+        m = mine[0].metrics
+        row["al"] = m.mean_acceptance_length
+        row["acceptance_rate"] = m.draft_acceptance_rate
+        row["k_histogram"] = {str(k): v for k, v in m.k_histogram.items()}
+        row["generated_tokens"] = m.generated_tokens
+        row["identical_to_nospec"] = None if reference is None else all(r.tokens == reference for r in mine)
+        rows.append(row)
+    return rows
+
+
+def add_deltas(rows: list[dict]) -> list[dict]:
+    """Δ tokens/s vs no-spec of the same batch size, and varK vs fixed (both as ratios − 1).
+
+    Rows without the needed partner (or with no throughput) get None.
+    """
+    by = {(r["batch_size"], r["mode"]): r for r in rows}
+    for row in rows:
+        base = by.get((row["batch_size"], "nospec"))
+        row["delta_vs_nospec"] = _delta(row.get("tokens_per_s"), base and base.get("tokens_per_s"))
+        fixed = by.get((row["batch_size"], "fixed"))
+        row["varK_vs_fixed"] = _delta(row.get("tokens_per_s"), fixed and fixed.get("tokens_per_s")) \
+            if row["mode"] == "varK" else None
+    return rows
+
+
+def _delta(value: float | None, base: float | None) -> float | None:
+    if value is None or not base:
+        return None
+    return value / base - 1.0
+
+
+def reference_tokens(bench: BatchBench) -> dict[int, list[int]]:
+    """The warm-up's greedy no-spec tokens as lists (what every mode is compared with)."""
+    return {i: t.tolist() for i, t in bench.baseline.items()}
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def _fmt(value, spec: str = ".1f", suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{value * 100:+.1f}%"
+
+
+def _same(value) -> str:
+    return "—" if value is None else ("yes" if value else "NO")
+
+
+TABLE_COLUMNS = ("batch", "mode", "req/s", "tok/s (min–max)", "TPOT ms", "AL", "Δ vs no-spec", "varK vs fixed",
+                 "host %", "peak RSS MiB (+mode)", "same tokens")
+
+
+def table_cells(row: dict) -> list[str]:
+    """The table's cells for one row (strings)."""
+    spread = f"{_fmt(row['tokens_per_s'])} ({_fmt(row.get('tokens_per_s_min'), '.0f')}–{_fmt(row.get('tokens_per_s_max'), '.0f')})"
+    host = row.get("outside_verify_frac")
+    rss = f"{_fmt(row.get('peak_rss_mb'), '.0f')} ({_fmt(row.get('rss_growth_mb'), '+.0f')})"
+    return [str(row["batch_size"]), row["mode"], _fmt(row.get("requests_per_s"), ".2f"), spread,
+            _fmt(row.get("tpot_ms"), ".2f"), _fmt(row.get("al"), ".2f"), _pct(row.get("delta_vs_nospec")),
+            _pct(row.get("varK_vs_fixed")), _fmt(None if host is None else host * 100, ".1f"), rss,
+            _same(row.get("identical_to_nospec"))]
+
+
+def rich_table(rows: list[dict], title: str = ""):
+    """The bench table as a rich Table."""
+    from rich.table import Table
+
+    table = Table(*TABLE_COLUMNS, title=title or None)
+    for row in rows:
+        table.add_row(*table_cells(row))
+    return table
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The same table in markdown (for README files and reports)."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def sort_rows(rows: list[dict]) -> list[dict]:
+    """By batch size, then nospec, fixed, varK, then peers."""
+    order = {m: i for i, m in enumerate(MODES)}
+    return sorted(rows, key=lambda r: (r["batch_size"], order.get(r["mode"], len(order)), r["mode"]))
+
+
+# ------------------------------------------------------------------------------ the bench
+
+
+def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
+                progress: Callable[[str], None]) -> list[dict]:
+    """All modes (and peers) at one batch size: rows with deltas."""
+    bench = BatchBench(pm, loaded, batch_size, ui)
+    try:
+        bench.open()
+        progress(f"batch {batch_size}: warm-up (no-spec reference)")
+        bench.warm_up()
+        reference = reference_tokens(bench)
+        greedy = bench.sampling.temperature == 0
+        runs = []
+        for repeat, mode in run_order(options.modes, options.repeats):
+            run = bench.run(mode, repeat)
+            progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {mode}: "
+                     f"{run.metrics.e2e_tokens_per_s or 0:.1f} tok/s")
+            runs.append(run)
+        rows = summarize(runs, reference if greedy else None)
+        requests, info = bench.requests, bench.info
+    finally:
+        bench.close()
+    if "hf" in options.peers:
+        from spdflow.peers import run_hf_peers
+
+        progress(f"batch {batch_size}: HF peers (subprocess)")
+        rows += run_hf_peers(loaded, bench.recipe, info, requests, batch_size, options.repeats,
+                             reference if greedy else None)
+    return rows
+
+
+def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:
+    """Run the bench; returns the rows (also written to ``options.json_path`` when set)."""
+    from spdflow.engine.run import NullUI
+
+    check_options(options)
+    ui = ui or NullUI()
+    recipe = loaded.recipe
+    needs_proposer = [m for m in options.modes if m != "nospec"]
+    if needs_proposer and recipe.proposer is None:
+        raise UsageError(f"mode '{needs_proposer[0]}' needs a proposer but the recipe has none",
+                         hint="add a proposer to the recipe or use --modes nospec")
+    sizes = options.batch_sizes or [recipe.specialization.full_batch_size or recipe.specialization.batch_size]
+    rows: list[dict] = []
+    for batch_size in sizes:
+        rows += bench_batch(pm, loaded, batch_size, options, ui, ui.message)
+    rows = sort_rows(add_deltas(rows))
+    if options.json_path is not None:
+        from spdflow.engine.cache import write_json_atomic
+
+        options.json_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(options.json_path, rows)
+    return rows
+
+
+def rows_to_json(rows: list[dict]) -> str:
+    """The rows as indented JSON text."""
+    return json.dumps(rows, indent=2, default=str)

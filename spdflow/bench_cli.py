@@ -1,0 +1,61 @@
+"""The ``spdflow bench`` command: parse, call :func:`spdflow.bench.bench_recipe`, render.
+
+The table goes to stdout, progress to stderr; ``--json PATH`` also writes the rows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from spdflow.errors import UsageError
+
+
+def parse_list(text: str | None, what: str, cast=str) -> list | None:
+    """'1,2,4' -> [1, 2, 4]; None stays None; a bad item is a usage error naming ``what``."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    try:
+        return [cast(item) for item in items]
+    except ValueError:
+        raise UsageError(f"--{what} must be a comma-separated list, got '{text}'") from None
+
+
+@click.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8 (default: the recipe's).")
+@click.option("--modes", default="nospec,fixed,varK", show_default=True,
+              help="Comma-separated modes: nospec, fixed (largest K), varK (the recipe's K policy).")
+@click.option("--peers", default="", help="Comma-separated peers to run too: hf (transformers, in a subprocess).")
+@click.option("--repeats", default=3, show_default=True, type=int, help="Timed runs per mode (interleaved).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the rows as JSON here.")
+@click.option("--markdown", is_flag=True, help="Print a markdown table instead of the rich one.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe key (dotted path; value parsed as YAML). Repeatable.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overrides, quiet):
+    """Benchmark RECIPE: no-spec vs fixed-K vs varK (and peers) on one workload, side by side.
+
+    Compiles once per batch size (the K-list plus 0) and reuses one session across modes;
+    modes and repeats are interleaved; numbers are medians over repeats.
+    """
+    from rich.console import Console
+
+    from spdflow.bench import BenchOptions, bench_recipe, markdown_table, rich_table
+    from spdflow.plugins import get_plugin_manager
+    from spdflow.recipe.loader import load_recipe
+    from spdflow.ui import RichUI
+
+    options = BenchOptions(batch_sizes=parse_list(batch_sizes, "batch-sizes", int), modes=parse_list(modes, "modes"),
+                           peers=parse_list(peers, "peers") or [], repeats=repeats, json_path=json_path)
+    pm = get_plugin_manager()
+    loaded = load_recipe(recipe, pm, list(overrides))
+    rows = bench_recipe(pm, loaded, options, RichUI(quiet=quiet))
+    if markdown:
+        click.echo(markdown_table(rows))
+    else:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=200)  # piped: keep whole rows on one line
+        console.print(rich_table(rows, title=f"spdflow bench {loaded.recipe.name}"))

@@ -1,0 +1,321 @@
+"""The onnxruntime backend (plugins/spdflow_ort): program layout, cache, and session semantics."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from spdflow.api import CompileRequest, ExportRequest, Specialization
+from spdflow.errors import StageError
+from spdflow.recipe.schema import DevicesSpec, ModelSpec
+from spdflow.testing.models import make_tiny_model
+from spdflow_onnx.export import export_model, load_hf_model
+from spdflow_ort.backend import OrtBackend
+from spdflow_ort.session import OrtSession
+
+CTX = 64
+PREFILL = 8
+KS = [0, 1, 2, 4, 7]
+NEW_TOKENS = 32
+
+
+def specs_for(ks=KS, batch=1, full_batch_size=None):
+    """Prefill + one decode shape per K (decode at full_batch_size under continuous batching)."""
+    specs = [Specialization("prefill", batch, PREFILL, CTX, 1, full_batch_size)]
+    decode_batch = full_batch_size or batch
+    specs += [Specialization("decode", decode_batch, k + 1, CTX, k + 1, full_batch_size, k) for k in ks]
+    return specs
+
+
+class Built:
+    """One tiny model: exported once, compiled on demand into the same export dir."""
+
+    def __init__(self, root: Path, arch: str, continuous_batching: bool = False):
+        self.root = root
+        self.model_dir = make_tiny_model(root / "model", arch=arch)
+        work = root / "export"
+        work.mkdir()
+        self.continuous_batching = continuous_batching
+        self.export = export_model(ExportRequest(
+            model=ModelSpec(id=arch), model_dir=self.model_dir, role="target",
+            continuous_batching=continuous_batching, work_dir=work,
+        ))
+        self._hf = None
+
+    @property
+    def hf(self):
+        if self._hf is None:
+            self._hf = load_hf_model(self.model_dir)
+        return self._hf
+
+    def request(self, specs, ks=KS, **devices):
+        return CompileRequest(
+            onnx_path=self.export.onnx_path, export_dir=self.root / "export",
+            specializations=specs, num_speculative_tokens=ks, devices=DevicesSpec(**devices),
+            model_info=self.export.model_info, role="target",
+            continuous_batching=self.continuous_batching,
+        )
+
+    def compile(self, specs=None, **devices):
+        return OrtBackend().compile(self.request(specs or specs_for(), **devices))
+
+    def session(self, specs=None, in_place=True, **devices) -> OrtSession:
+        program = self.compile(specs, **devices)
+        if in_place:
+            return OrtBackend().open_session(program, threads=1)
+        return OrtSession(program.qpc_dir / "qpc", specializations=program.specializations,
+                          vocab_size=4096, mode=program.session_mode, threads=1, in_place=False)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    cache: dict = {}
+
+    def get(arch="llama", continuous_batching=False) -> Built:
+        key = (arch, continuous_batching)
+        if key not in cache:
+            cache[key] = Built(tmp_path_factory.mktemp(f"{arch}-{continuous_batching}"), arch,
+                               continuous_batching)
+        return cache[key]
+
+    return get
+
+
+def prompt(length, seed=0):
+    return np.random.default_rng(seed).integers(2, 4096, size=length)
+
+
+def prefill(session, tokens, batch_index=None, row_positions=None):
+    """Chunked prefill of one prompt (batch 1); returns the first generated token."""
+    n = len(tokens)
+    for start in range(0, n, PREFILL):
+        chunk = tokens[start:start + PREFILL]
+        ids = np.full((1, PREFILL), 1, dtype=np.int64)
+        pos = np.full((1, PREFILL), -1, dtype=np.int64)
+        ids[0, :len(chunk)] = chunk
+        pos[0, :len(chunk)] = np.arange(start, start + len(chunk))
+        logits = session.run(ids, pos, 1, batch_index)
+    return int(logits[0, -1].argmax())
+
+
+def greedy(session, tokens, steps=NEW_TOKENS):
+    """Chunked prefill then 1-token decode; returns the generated tokens."""
+    out = [prefill(session, tokens)]
+    for step in range(steps - 1):
+        position = len(tokens) + step
+        logits = session.run(np.array([[out[-1]]]), np.array([[position]]), 1)
+        out.append(int(logits[0, 0].argmax()))
+    return out
+
+
+def hf_greedy(model, tokens, steps=NEW_TOKENS):
+    with torch.no_grad():
+        out = model.generate(torch.tensor(tokens)[None], max_new_tokens=steps, do_sample=False,
+                             eos_token_id=None, pad_token_id=1)
+    return out[0, len(tokens):].tolist()
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def test_compile_writes_the_qpc_layout_with_shared_weights(models):
+    built = models()
+    program = built.compile()
+    qpc = program.qpc_dir
+    assert qpc.name == f"qpc-{program.key}" and len(program.key) == 16
+    assert qpc.parent == built.root / "export"
+    for name in ("specializations.json", "custom_io.yaml", "hashed_compile_params.json", "qconfig.json"):
+        assert (qpc / name).is_file(), name
+    specs = json.loads((qpc / "specializations.json").read_text())["specializations"]
+    assert specs[0] == {"batch_size": "1", "seq_len": "8", "ctx_len": "64", "num_logits_to_keep": "1"}
+    assert "IOName: past_key.0\n   Precision: float16" in (qpc / "custom_io.yaml").read_text()
+    qconfig = json.loads((qpc / "qconfig.json").read_text())
+    assert qconfig["num_speculative_tokens"] == KS
+    assert qconfig["backend"]["name"] == "onnxruntime" and qconfig["backend"]["onnxruntime_version"]
+    manifest = json.loads((qpc / "qpc" / "manifest.json").read_text())
+    assert len(manifest["graphs"]) == len(specs_for())
+    assert sorted(p.name for p in (qpc / "qpc").glob("*.data")) == ["model.onnx.data"]
+    for graph in manifest["graphs"]:
+        model = onnx.load(str(qpc / "qpc" / graph["file"]), load_external_data=False)
+        locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+        assert locations == {"model.onnx.data"}
+        for value in list(model.graph.input) + list(model.graph.output):
+            assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim), value.name
+    assert not list(qpc.parent.glob(".qpc-*"))  # no temp dirs left behind
+
+
+def test_compile_second_time_is_a_cache_hit(models):
+    built = models()
+    first = built.compile()
+    second = built.compile()
+    assert second.cached and second.key == first.key and "cached" in second.reason
+    assert built.compile(specs_for([0, 4])).key != first.key
+
+
+def test_compile_rebuilds_a_qpc_dir_without_manifest(models):
+    built = models()
+    program = built.compile(specs_for([3]))
+    (program.qpc_dir / "qpc" / "manifest.json").unlink()
+    again = built.compile(specs_for([3]))
+    assert not again.cached and "incomplete" in again.reason
+    assert (again.qpc_dir / "qpc" / "manifest.json").is_file()
+
+
+def test_backend_is_registered_under_onnxruntime():
+    from spdflow.plugins import get_plugin_manager
+
+    registration = get_plugin_manager().lookup("backend", "onnxruntime")
+    backend = registration.factory()
+    assert backend.name == "onnxruntime" and backend.unavailable_reason() is None
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_greedy_tokens_match_hf_generate(models, arch):
+    built = models(arch)
+    tokens = prompt(13, seed=3)
+    session = built.session()
+    assert greedy(session, tokens) == hf_greedy(built.hf, tokens)
+
+
+def test_static_and_dynamic_modes_give_identical_tokens(models):
+    built = models()
+    tokens = prompt(11, seed=4)
+    static = greedy(built.session(session_mode="static"), tokens)
+    dynamic = greedy(built.session(session_mode="dynamic"), tokens)
+    assert static == dynamic
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_verify_step_equals_one_at_a_time_decode_after_stale_kv(models, k):
+    built = models()
+    session = built.session()
+    tokens = prompt(13, seed=5)
+    anchor = prefill(session, tokens)
+    saved = {name: array.copy() for name, array in session.kv_cache().items()}
+    step = np.concatenate([[anchor], prompt(k, seed=6)])
+    start = len(tokens)
+    sequential = []
+    for j, token in enumerate(step):
+        sequential.append(session.run(np.array([[token]]), np.array([[start + j]]), 1)[0, 0].copy())
+    for name, array in session.kv_cache().items():
+        array[...] = saved[name]  # back to the state right after prefill
+    # Poison the slots the verify step will use, as rejected drafts would.
+    junk = prompt(PREFILL, seed=7)[None]
+    session.run(junk, np.arange(start, start + PREFILL)[None], 1)
+    verify = session.run(step[None], np.arange(start, start + k + 1)[None], k + 1)[0]
+    assert np.abs(verify - np.stack(sequential)).max() <= 1e-4
+    assert (verify.argmax(-1) == np.stack(sequential).argmax(-1)).all()
+
+
+def test_batch_of_two_with_padding_matches_per_prompt_runs(models):
+    built = models()
+    single = built.session()
+    prompts = [prompt(13, seed=8), prompt(6, seed=9)]
+    expected = [greedy(single, p, steps=8) for p in prompts]
+    session = built.session(specs_for([0], batch=2), ks=[0])
+    n = max(len(p) for p in prompts)
+    first = [None, None]
+    for start in range(0, n, PREFILL):
+        ids = np.ones((2, PREFILL), dtype=np.int64)
+        pos = np.full((2, PREFILL), -1, dtype=np.int64)
+        for row, p in enumerate(prompts):
+            chunk = p[start:start + PREFILL]
+            ids[row, :len(chunk)] = chunk
+            pos[row, :len(chunk)] = np.arange(start, start + len(chunk))
+        logits = session.run(ids, pos, 1)
+        for row, p in enumerate(prompts):
+            if start <= len(p) - 1 < start + PREFILL:  # this chunk holds the row's last token
+                first[row] = int(logits[row, 0].argmax())
+    out = [[first[0]], [first[1]]]
+    for step in range(7):
+        ids = np.array([[out[0][-1]], [out[1][-1]]])
+        pos = np.array([[len(prompts[0]) + step], [len(prompts[1]) + step]])
+        logits = session.run(ids, pos, 1)
+        for row in range(2):
+            out[row].append(int(logits[row, 0].argmax()))
+    assert out == expected
+
+
+def test_continuous_batching_prefill_writes_only_its_kv_row(models):
+    built = models("llama", continuous_batching=True)
+    specs = specs_for([0, 2], full_batch_size=3)
+    session = built.session(specs, ks=[0, 2])
+    assert session.kv_batch_size == 3
+    rng = np.random.default_rng(0)
+    for array in session.kv_cache().values():
+        array[...] = rng.standard_normal(array.shape)
+    before = {name: array.copy() for name, array in session.kv_cache().items()}
+    prefill(session, prompt(13, seed=10), batch_index=np.array([[1]]))
+    for name, array in session.kv_cache().items():
+        np.testing.assert_array_equal(array[[0, 2]], before[name][[0, 2]])
+        assert not np.array_equal(array[1], before[name][1])
+
+
+def test_continuous_batching_decode_matches_plain_batch_one(models):
+    cb = models("llama", continuous_batching=True).session(specs_for([0], full_batch_size=3), ks=[0])
+    plain = models("llama").session()
+    prompts = {2: prompt(13, seed=11), 0: prompt(5, seed=12)}
+    expected = {slot: greedy(plain, p, steps=6) for slot, p in prompts.items()}
+    out = {slot: [prefill(cb, p, batch_index=np.array([[slot]]))] for slot, p in prompts.items()}
+    for step in range(5):
+        ids = np.ones((3, 1), dtype=np.int64)
+        pos = np.full((3, 1), -1, dtype=np.int64)  # slot 1 is empty: padding
+        for slot, p in prompts.items():
+            ids[slot, 0], pos[slot, 0] = out[slot][-1], len(p) + step
+        logits = cb.run(ids, pos, 1, np.arange(3).reshape(3, 1))
+        for slot in prompts:
+            out[slot].append(int(logits[slot, 0].argmax()))
+    assert out == expected
+
+
+@pytest.mark.parametrize("continuous_batching", [False, True])
+def test_in_place_binding_is_bit_exact_against_plain_run(models, continuous_batching):
+    built = models("llama", continuous_batching)
+    fbs = 2 if continuous_batching else None
+    specs = specs_for([0, 2], full_batch_size=fbs)
+    in_place = built.session(specs, ks=[0, 2])
+    copying = built.session(specs, in_place=False, ks=[0, 2])
+
+    def index(batch):
+        if not continuous_batching:
+            return None
+        # prefill (batch 1) into KV row 1; decode over every row
+        return np.array([[1]]) if batch == 1 else np.arange(batch)[:, None]
+
+    rows = fbs or 1
+    steps = [(prompt(PREFILL, seed=13)[None], np.arange(PREFILL)[None], 1)]
+    steps.append((np.tile([[7]], (rows, 1)), np.tile([[8]], (rows, 1)), 1))
+    steps.append((np.tile([[9, 10, 11]], (rows, 1)), np.tile([[9, 10, 11]], (rows, 1)), 3))
+    steps.append((np.tile([[12, 13, 14]], (rows, 1)), np.tile([[10, 11, -1]], (rows, 1)), 3))
+    for ids, pos, nlk in steps:
+        a = in_place.run(ids, pos, nlk, index(ids.shape[0])).copy()
+        b = copying.run(ids, pos, nlk, index(ids.shape[0])).copy()
+        np.testing.assert_array_equal(a, b)
+        for name, array in in_place.kv_cache().items():
+            np.testing.assert_array_equal(array, copying.kv_cache()[name])
+    assert np.abs(next(iter(in_place.kv_cache().values()))).sum() > 0  # the cache was written
+
+
+def test_run_with_uncompiled_shape_lists_the_allowed_ones(models):
+    session = models().session(specs_for([0, 4]), ks=[0, 4])
+    with pytest.raises(StageError, match=r"no compiled shape for batch 1, seq_len 3.*seq_len 5"):
+        session.run(np.ones((1, 3), dtype=np.int64), np.arange(3)[None], 3)
+
+
+def test_cuda_when_missing_is_backend_unavailable(models):
+    import onnxruntime
+
+    from spdflow.errors import BackendUnavailableError
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(BackendUnavailableError, match="CUDAExecutionProvider"):
+        models().session(execution_provider="cuda")

@@ -1,0 +1,144 @@
+"""spdflow bench: row shape, interleaving, losslessness, and the table math."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from spdflow import bench
+from spdflow.bench import BenchOptions, add_deltas, bench_recipe, markdown_table, run_order, summarize
+from spdflow.cli import cli
+from spdflow.recipe.loader import load_recipe
+
+RECIPE = """\
+version: 1
+name: bench-tiny
+model:
+  id: {model}
+proposer:
+  uses: prompt_lookup
+  with: {{prompt_lookup_min: 1, prompt_lookup_max: 2}}
+num_speculative_tokens: [2, 4]
+specialization: {{prefill_seq_len: 16, ctx_len: 64, batch_size: 1}}
+devices: {{backend: onnxruntime, threads: 1}}
+workload:
+  prompts: ["def add(a, b):\\n    return a + b\\n\\ndef add(", "x = x + 1\\nx = x + 1\\nx = x"]
+  max_new_tokens: 6
+output: {output}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_recipe(tmp_path_factory):
+    from spdflow.testing.models import make_tiny_model
+
+    root = tmp_path_factory.mktemp("bench")
+    model = make_tiny_model(root / "model")
+    path = root / "recipe.yaml"
+    path.write_text(RECIPE.format(model=model, output=root / "runs"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_rows(tiny_recipe):
+    from spdflow.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    loaded = load_recipe(tiny_recipe, pm)
+    order = []
+    original = bench.BatchBench.run
+
+    def recording(self, mode, repeat):
+        order.append((self.batch_size, repeat, mode))
+        return original(self, mode, repeat)
+
+    bench.BatchBench.run = recording
+    try:
+        rows = bench_recipe(pm, loaded, BenchOptions(batch_sizes=[1, 2], repeats=2))
+    finally:
+        bench.BatchBench.run = original
+    return rows, order
+
+
+def test_bench_rows_have_the_documented_keys(tiny_rows):
+    rows, _ = tiny_rows
+    assert {(r["batch_size"], r["mode"]) for r in rows} == {(b, m) for b in (1, 2) for m in ("nospec", "fixed", "varK")}
+    for row in rows:
+        assert set(bench.ROW_KEYS) <= set(row)
+        for key in ("requests_per_s", "tokens_per_s", "tpot_ms", "peak_rss_mb"):
+            assert row[f"{key}_min"] <= row[key] <= row[f"{key}_max"]
+
+
+def test_bench_greedy_modes_are_identical_to_nospec(tiny_rows):
+    rows, _ = tiny_rows
+    assert all(row["identical_to_nospec"] is True for row in rows)
+    assert all(row["al"] == pytest.approx(1.0) for row in rows if row["mode"] == "nospec")
+
+
+def test_bench_interleaves_modes_across_repeats(tiny_rows):
+    _, order = tiny_rows
+    at_one = [(r, m) for b, r, m in order if b == 1]
+    assert at_one == [(0, "nospec"), (0, "fixed"), (0, "varK"), (1, "fixed"), (1, "varK"), (1, "nospec")]
+
+
+def test_run_order_rotates_the_first_mode():
+    order = run_order(["a", "b", "c"], 3)
+    firsts = [order[i][1] for i in (0, 3, 6)]
+    assert firsts == ["a", "b", "c"]
+    assert sorted(order) == sorted((r, m) for r in range(3) for m in "abc")
+
+
+def test_deltas_are_ratios_against_nospec_and_fixed():
+    rows = [{"batch_size": 1, "mode": "nospec", "tokens_per_s": 100.0},
+            {"batch_size": 1, "mode": "fixed", "tokens_per_s": 150.0},
+            {"batch_size": 1, "mode": "varK", "tokens_per_s": 180.0},
+            {"batch_size": 2, "mode": "varK", "tokens_per_s": 50.0}]
+    add_deltas(rows)
+    assert rows[0]["delta_vs_nospec"] == pytest.approx(0.0)
+    assert rows[1]["delta_vs_nospec"] == pytest.approx(0.5)
+    assert rows[2]["delta_vs_nospec"] == pytest.approx(0.8)
+    assert rows[2]["varK_vs_fixed"] == pytest.approx(0.2)
+    assert rows[1]["varK_vs_fixed"] is None
+    assert rows[3]["delta_vs_nospec"] is None and rows[3]["varK_vs_fixed"] is None
+
+
+def test_table_renders_deltas_as_signed_percentages():
+    rows = add_deltas([{"batch_size": 1, "mode": "nospec", "tokens_per_s": 100.0},
+                       {"batch_size": 1, "mode": "varK", "tokens_per_s": 90.0, "identical_to_nospec": False}])
+    text = markdown_table(rows)
+    assert "-10.0%" in text and "+0.0%" in text and "NO" in text
+
+
+def _run(mode, batch, repeat, tps, tokens):
+    from spdflow.bench import ModeRun
+    from spdflow.report.metrics import compute_metrics
+
+    wall = 10 / tps
+    records = [{"kind": "request", "request": 0, "prompt_tokens": 3, "generated_tokens": 10, "ttft_s": 0.0,
+                "finish_s": wall, "stop_reason": "max_new_tokens"}]
+    return ModeRun(mode, batch, repeat, compute_metrics(records), {0: tokens}, 100.0, 1.0)
+
+
+def test_summarize_takes_median_min_max_and_checks_identity():
+    runs = [_run("varK", 1, r, tps, [1, 2]) for r, tps in enumerate((10.0, 30.0, 20.0))]
+    runs.append(_run("fixed", 1, 0, 5.0, [1, 3]))
+    rows = {r["mode"]: r for r in summarize(runs, {0: [1, 2]})}
+    assert rows["varK"]["tokens_per_s"] == pytest.approx(20.0)
+    assert (rows["varK"]["tokens_per_s_min"], rows["varK"]["tokens_per_s_max"]) == pytest.approx((10.0, 30.0))
+    assert rows["varK"]["identical_to_nospec"] is True
+    assert rows["fixed"]["identical_to_nospec"] is False
+
+
+def test_bench_cli_writes_json_and_rejects_unknown_mode(tiny_recipe, tmp_path):
+    out = tmp_path / "rows.json"
+    result = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--repeats", "1", "--modes", "nospec,varK",
+                                      "--json", str(out), "--markdown", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [r["mode"] for r in rows] == ["nospec", "varK"]
+    assert "| batch |" in result.stdout
+    bad = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--modes", "nospec,turbo"])
+    assert bad.exit_code == 2
+    assert "unknown bench mode 'turbo'" in bad.output

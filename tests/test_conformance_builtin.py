@@ -1,0 +1,32 @@
+"""The built-in proposers pass the conformance suite every third-party proposer runs."""
+from __future__ import annotations
+
+import pytest
+
+from spdflow.testing.conformance import ProposerConformance
+
+
+class TestPromptLookup(ProposerConformance):
+    proposer = "prompt_lookup"
+    config = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    # A random-init model rarely repeats a token of its own context within 40 tokens.
+    expects_proposals = False
+
+
+class TestSuffix(ProposerConformance):
+    proposer = "suffix"
+    config = {"max_depth": 16}
+
+
+class TestSynthetic(ProposerConformance):
+    proposer = "synthetic"
+    config = {"acceptance_rate": 0.7, "seed": 1}
+    deterministic = False  # draws from a random stream per step
+
+
+class TestDraftModel(ProposerConformance):
+    proposer = "draft_model"
+
+    @pytest.fixture
+    def proposer_config(self, tiny_draft_model_dir):
+        return {"model": str(tiny_draft_model_dir)}

@@ -1,0 +1,52 @@
+"""Meta-tests: docs/hooks.md documents every hook with its exact signature and its tested example."""
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spdflow.plugins import get_plugin_manager
+
+REPO = Path(__file__).resolve().parents[1]
+HOOKS_MD = REPO / "docs" / "hooks.md"
+HOOK_TESTS = REPO / "tests" / "test_hooks.py"
+
+
+def hook_signatures() -> dict[str, list[str]]:
+    """Every hook of a plugin manager and its spec's argument names."""
+    pm = get_plugin_manager(load_entry_points=False)
+    return {name: list(getattr(pm.hook, name).spec.argnames) for name in dir(pm.hook) if name.startswith("spdflow_")}
+
+
+def doc_headings() -> dict[str, str]:
+    """name -> the heading text ``name(arg, ...)`` of every ``### `` heading in hooks.md."""
+    found = re.findall(r"^###\s+(spdflow_\w+)\((.*?)\)\s*$", HOOKS_MD.read_text(), flags=re.M)
+    return {name: f"{name}({args})" for name, args in found}
+
+
+def example(hook: str) -> str | None:
+    """The example code between the start/end markers for ``hook`` in tests/test_hooks.py."""
+    match = re.search(rf"^[ ]*# -- start {hook} --\n(.*?)^[ ]*# -- end {hook} --", HOOK_TESTS.read_text(), re.S | re.M)
+    return textwrap.dedent(match.group(1)).strip() if match else None
+
+
+@pytest.mark.parametrize("hook", sorted(hook_signatures()))
+def test_hook_is_documented_with_its_signature(hook):
+    expected = f"{hook}({', '.join(hook_signatures()[hook])})"
+    headings = doc_headings()
+    assert hook in headings, f"docs/hooks.md has no heading '### {expected}'"
+    assert headings[hook] == expected, f"docs/hooks.md heading '{headings[hook]}' should be '{expected}'"
+
+
+@pytest.mark.parametrize("hook", sorted(hook_signatures()))
+def test_hook_example_in_docs_is_the_tested_one(hook):
+    code = example(hook)
+    assert code, f"tests/test_hooks.py has no '# -- start {hook} --' example"
+    assert code in HOOKS_MD.read_text(), f"the example of {hook} in docs/hooks.md differs from tests/test_hooks.py"
+
+
+def test_docs_name_no_hook_that_does_not_exist():
+    unknown = set(doc_headings()) - set(hook_signatures())
+    assert not unknown, f"docs/hooks.md documents hooks that do not exist: {sorted(unknown)}"
