@@ -184,15 +184,9 @@ def plugins(fmt):
     Console().print(table)
 
 
-def _register_bench() -> None:
-    try:
-        from spdflow.bench_cli import bench
-    except ImportError:
-        return
-    cli.add_command(bench)
+from spdflow.bench_cli import bench  # noqa: E402  (a command module, kept apart from this file)
 
-
-_register_bench()
+cli.add_command(bench)
 
 
 def main() -> None:

@@ -115,3 +115,9 @@ def test_schema_includes_plugin_configs(runner):
     schema = json.loads(runner.invoke(cli, ["schema"]).stdout)
     assert "proposer_prompt_lookup_config" in schema["$defs"]
     assert "prompt_lookup_max" in schema["$defs"]["proposer_prompt_lookup_config"]["properties"]
+
+
+def test_committed_schema_file_is_current(runner):
+    """recipes/*.yaml point editors at docs/recipe.schema.json: it must match `spdflow schema`."""
+    committed = json.loads((REPO / "docs" / "recipe.schema.json").read_text())
+    assert committed == json.loads(runner.invoke(cli, ["schema"]).stdout), "run: spdflow schema -o docs/recipe.schema.json"
