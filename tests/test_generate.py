@@ -132,3 +132,16 @@ def test_proposer_raising_mid_run_names_the_plugin_and_marks_the_report_failed(p
     assert "proposer 'flaky'" in info.value.message and "index out of range" in info.value.message
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and report["error"]["stage"] == "generate"
+
+
+@pytest.mark.parametrize("batching", list(BATCHING.values()), ids=list(BATCHING))
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+def test_embedded_model_is_lossless_and_speculates(pm, tmp_path, out_root, proposer, batching):
+    """The trained embedded model repeats itself, so every proposer really proposes here."""
+    config = {k: ("spdflow:tinycode-draft" if v == "DRAFT" else v) for k, v in PROPOSERS[proposer].items()}
+    path = write(tmp_path, "spdflow:tinycode-target", out_root / f"embedded-{proposer}", proposer, config,
+                 [0, 2, 4, 7], batching, max_new=32)
+    state = run(pm, path, check_lossless=True)
+    assert state.lossless["identical"], state.lossless
+    rows = [row for r in state.records if r["kind"] == "step" for row in r["rows"]]
+    assert sum(row["proposed"] for row in rows) > 0 and sum(row["accepted"] for row in rows) > 0

@@ -355,7 +355,7 @@ class ProposerConformance:
         _assert_ran(alternating)
         assert any(s["k"] == 0 for s in alternating.steps()), "the alternating run had no K = 0 step"
         if not self.deterministic:
-            pytest.skip("deterministic = False: proposals depend on more than the context")
+            return  # random draws differ run to run; sync was checked by the recording above
         plain = conformance.run("batch1-K0,4")
         _assert_ran(plain)
         shared = sorted(set(plain.recording.proposals) & set(alternating.recording.proposals))
