@@ -209,14 +209,14 @@ def test_traceback_only_with_verbose(home, monkeypatch):
 
 def _enospc_for(name: str, monkeypatch) -> None:
     """os.replace (atomic writes) fails with ENOSPC for files called ``name``."""
-    real = cache.os.replace
+    real = os.replace
 
     def replace(src, dst, *args, **kwargs):
         if Path(dst).name == name:
             raise OSError(errno.ENOSPC, "No space left on device", str(dst))
         return real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(cache.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)
 
 
 def test_disk_full_while_writing_the_report(home, monkeypatch):

@@ -10,7 +10,6 @@ onnx and onnxruntime are imported inside functions: lint loads every plugin.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
+from spdflow.engine.cache import sha256_file
 from spdflow.errors import StageError
 
 BACKEND_NAME = "onnxruntime"
@@ -47,14 +47,6 @@ def spec_file_name(spec: Specialization) -> str:
     if spec.full_batch_size is not None:
         name += f"_f{spec.full_batch_size}"
     return name + ".onnx"
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _weight_locations(graph) -> set[str]:
@@ -255,7 +247,7 @@ class OrtBackend(Backend):
         locations = _weight_locations(model.graph)
         data_bytes = sum((onnx_path.parent / loc).stat().st_size for loc in sorted(locations)
                          if (onnx_path.parent / loc).is_file())
-        params = compile_params(request, _file_digest(onnx_path), data_bytes, custom_io)
+        params = compile_params(request, sha256_file(onnx_path), data_bytes, custom_io)
         key = short_hash(params)
         qpc_dir = Path(request.export_dir) / f"qpc-{key}"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from spdflow.qpc import write_text_atomic
 
 DONE_MARKER = ".spdflow-done.json"
 KEY_SCHEMA = 1
@@ -30,16 +30,21 @@ def stage_key(impl: str, version: str, config: Any, inputs: dict[str, str]) -> s
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file, or ``size:mtime`` identity for very large files (model shards)."""
-    stat = path.stat()
-    if stat.st_size > FULL_HASH_LIMIT:
-        return f"stat:{stat.st_size}:{stat.st_mtime_ns}"
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (weights can be gigabytes)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, or ``size:mtime`` identity for very large files (model shards)."""
+    stat = path.stat()
+    if stat.st_size > FULL_HASH_LIMIT:
+        return f"stat:{stat.st_size}:{stat.st_mtime_ns}"
+    return sha256_file(path)
 
 
 def dir_digest(path: Path, patterns: tuple[str, ...] = ("*",)) -> dict[str, str]:
@@ -83,14 +88,4 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the same directory, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+__all__ = ["write_text_atomic"]  # re-exported: one atomic writer for the whole project

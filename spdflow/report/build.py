@@ -1,7 +1,6 @@
 """Assemble the RunReport from the engine's state and write every report file."""
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -58,7 +57,7 @@ def write_run_report(engine) -> RunReport:
 
 def _recipe_sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return cache.sha256_file(Path(path))
     except OSError:
         return None
 

@@ -6,7 +6,6 @@ back. Fields may be added within version 1, never removed or changed in meaning.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import platform
@@ -15,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from spdflow.engine.cache import sha256_file
 from spdflow.errors import SpdflowError
 from spdflow.report.metrics import Metrics
 
@@ -146,15 +146,6 @@ def collect_environment(packages: tuple[str, ...] = ENVIRONMENT_PACKAGES) -> Env
         cpu_count=os.cpu_count(),
         packages={name: package_version(name) for name in packages},
     )
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks (ONNX weights can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def make_artifact(run_dir: Path, path: Path, name: str | None = None, *, hash_file: bool = True) -> Artifact:
