@@ -184,8 +184,8 @@ class BatchBench:
     def open(self) -> None:
         """Compile (cached) for the K-list plus 0, open the session, tokenize the workload."""
         from spdflow.api import Request, Sampling
-        from spdflow.engine.generate import LoopConfig
-        from spdflow.engine.run import check_prompts, load_tokenizer
+        from spdflow.engine.generate import LoopConfig, check_prompts
+        from spdflow.engine.run import load_tokenizer
         from spdflow.workload import load_prompts
 
         recipe = self.recipe
@@ -197,7 +197,7 @@ class BatchBench:
         prompts = load_prompts(workload, self.loaded.base_dir, self.pm)
         self.requests = [Request(i, text, np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64),
                                  workload.max_new_tokens, workload.seed) for i, text in enumerate(prompts)]
-        check_prompts(self.requests, recipe)
+        check_prompts(self.requests, recipe.specialization.ctx_len)
         self.session = self.engine.open_session(program)
         self.sampling = Sampling(workload.temperature, workload.top_k, workload.top_p)
         spec, info = recipe.specialization, self.info

@@ -28,6 +28,17 @@ from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
+def check_prompts(requests: Sequence[Request], ctx_len: int) -> None:
+    """Every prompt must be non-empty and leave room in the KV cache (checked before any work)."""
+    limit = ctx_len - 1
+    for r in requests:
+        if len(r.prompt_ids) == 0:
+            raise StageError(f"prompt {r.index} is empty", hint="remove empty prompts from the workload")
+        if len(r.prompt_ids) > limit:
+            raise StageError(f"prompt {r.index} has {len(r.prompt_ids)} tokens but ctx_len {ctx_len} "
+                             f"leaves room for {limit}", hint="raise specialization.ctx_len or shorten the prompt")
+
+
 @dataclass
 class RequestResult:
     index: int
@@ -102,6 +113,7 @@ class Generator:
 
     def generate(self, requests: Sequence[Request]) -> list[RequestResult]:
         """Generate for every request; results in request order."""
+        check_prompts(requests, self.cfg.ctx_len)
         self.t0 = time.perf_counter()
         results: dict[int, RequestResult] = {}
         pending = deque(requests)
@@ -138,11 +150,6 @@ class Generator:
         lives = []
         for slot, request in group:
             n = len(request.prompt_ids)
-            if n == 0:
-                raise StageError(f"prompt {request.index} is empty after tokenization", hint="remove empty prompts")
-            if n > cfg.ctx_len - 1:
-                raise StageError(f"prompt {request.index} has {n} tokens but ctx_len {cfg.ctx_len} holds at most {cfg.ctx_len - 1}",
-                                 hint="raise specialization.ctx_len or shorten the prompt")
             buffer = np.full(cfg.ctx_len, cfg.pad_token_id, dtype=np.int64)
             buffer[:n] = request.prompt_ids
             rng = np.random.default_rng([request.seed, request.index])

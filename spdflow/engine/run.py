@@ -263,7 +263,7 @@ class Engine:
     # -- generate -------------------------------------------------------------------------
 
     def generate(self, program: CompiledProgram, info: ModelInfo) -> None:
-        from spdflow.engine.generate import Generator, LoopConfig
+        from spdflow.engine.generate import Generator, LoopConfig, check_prompts
         from spdflow.workload import load_prompts
 
         recipe = self.recipe
@@ -273,7 +273,7 @@ class Engine:
             prompts = load_prompts(recipe.workload, self.loaded.base_dir, self.pm)
             requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
                                 recipe.workload.max_new_tokens, recipe.workload.seed) for i, text in enumerate(prompts)]
-            check_prompts(requests, recipe)
+            check_prompts(requests, recipe.specialization.ctx_len)
             session = self.open_session(program)
             sampling = Sampling(recipe.workload.temperature, recipe.workload.top_k, recipe.workload.top_p)
             spec = recipe.specialization
@@ -446,17 +446,6 @@ def load_tokenizer(info: ModelInfo):
         raise StageError(f"model '{info.name}' has no tokenizer.json in '{info.source_dir}'",
                          hint="spdflow reads the fast-tokenizer file; save one with tokenizer.save_pretrained()")
     return Tokenizer.from_file(str(info.tokenizer_file))
-
-
-def check_prompts(requests: list[Request], recipe: Recipe) -> None:
-    """Every prompt must be non-empty and leave room in the KV cache."""
-    limit = recipe.specialization.ctx_len - 1
-    for r in requests:
-        if len(r.prompt_ids) == 0:
-            raise StageError(f"prompt {r.index} is empty", hint="remove empty prompts from the workload")
-        if len(r.prompt_ids) > limit:
-            raise StageError(f"prompt {r.index} has {len(r.prompt_ids)} tokens but ctx_len {recipe.specialization.ctx_len} "
-                             f"leaves room for {limit}", hint="raise specialization.ctx_len or shorten the prompt")
 
 
 def _current_stage(state: RunState) -> str:
