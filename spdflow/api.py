@@ -300,13 +300,53 @@ class Acceptor:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one decode step did, as a K policy sees it in :meth:`KPolicy.observe`.
+
+    ``proposed[i]`` is how many proposals of active row i were verified (after clipping to
+    ``k``), ``accepted[i]`` how many of them were accepted. ``propose_s`` is 0.0 when the step
+    did not call the proposer. Times are wall seconds of this process.
+    """
+
+    k: int
+    proposed: tuple[int, ...]
+    accepted: tuple[int, ...]
+    verify_s: float
+    propose_s: float
+    host_s: float
+
+
 class KPolicy:
-    """Chooses the compiled K of a step from the proposal counts of the batch."""
+    """Chooses the compiled K of a step from the proposal counts of the batch.
+
+    The engine calls, per generation: ``start`` once, then every decode step
+    ``propose_budget`` (before the proposer runs), ``choose_k`` (after it) and ``observe``
+    (after the verify and accept). Only ``choose_k`` is required; the others let a policy
+    learn what K is worth on this machine.
+    """
 
     name: str = ""
+    #: True asks the engine to time every compiled decode shape before the first step and
+    #: pass the medians to ``start`` (a few runs per K, once per session).
+    wants_step_costs: bool = False
+
+    def start(self, compiled_ks: Sequence[int], rows: int, step_costs: dict[int, float] | None) -> None:
+        """Before the first step: the compiled K-list, the batch rows, and (when asked for)
+        the measured seconds of one verify run per K."""
+
+    def propose_budget(self, k_max: int) -> int:
+        """How many tokens the proposer may draft per request this step (0: do not call it).
+
+        ``k_max`` is the largest compiled K. The default asks for everything.
+        """
+        return k_max
 
     def choose_k(self, proposal_counts: Sequence[int], compiled_ks: Sequence[int]) -> int:
         raise NotImplementedError
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """After every decode step: what it proposed, accepted and cost."""
 
 
 # --------------------------------------------------------------------------------------------

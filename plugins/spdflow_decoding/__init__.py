@@ -1,11 +1,11 @@
-"""Built-in acceptance methods (greedy, rejection) and K policies (smallest_covering, fixed,
-nospec), registered exactly as a third-party plugin would register its own."""
+"""Built-in acceptance methods (greedy, rejection) and K policies (smallest_covering,
+goodput, fixed, nospec), registered exactly as a third-party plugin would register its own."""
 from __future__ import annotations
 
 from spdflow.hookspecs import hookimpl
 
 from .acceptance import GreedyAcceptor, RejectionAcceptor, target_distribution
-from .k_policy import FixedK, NoSpec, SmallestCovering, smallest_covering_k
+from .k_policy import FixedK, Goodput, NoSpec, SmallestCovering, smallest_covering_k
 
 __all__ = [
     "GreedyAcceptor",
@@ -14,6 +14,7 @@ __all__ = [
     "SmallestCovering",
     "FixedK",
     "NoSpec",
+    "Goodput",
     "smallest_covering_k",
 ]
 
@@ -39,6 +40,12 @@ def spdflow_register_k_policies(register):
         "smallest_covering",
         SmallestCovering,
         description="varK: the smallest compiled K covering the batch's largest proposal.",
+    )
+    register(
+        "goodput",
+        Goodput,
+        description="Cost-aware varK: the compiled K with the most expected tokens per second, "
+        "from measured step costs and per-position acceptance; skips proposing when it cannot pay.",
     )
     register("fixed", FixedK, description="Always the largest compiled K.")
     register("nospec", NoSpec, description="Always K = 0 (needs 0 in the K-list).")

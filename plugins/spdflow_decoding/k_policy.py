@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from spdflow.api import KPolicy
 
 
@@ -57,3 +59,134 @@ class NoSpec(KPolicy):
                 f"k_policy 'nospec' needs K = 0 in num_speculative_tokens, compiled: {sorted(compiled_ks)}"
             )
         return 0
+
+
+class Goodput(KPolicy):
+    """Cost-aware varK: each step, the compiled K with the most expected tokens per second.
+
+    What a step at K returns is estimated from per-position acceptance: ``accept[j]`` is the
+    chance that proposal j is accepted given that proposals 1..j-1 were (counted over recent
+    row-steps, older ones fading by ``DECAY`` per row). Each position starts from a prior of
+    ``PRIOR_WEIGHT`` pseudo-trials at the estimate of the position before it (the first at
+    ``PRIOR_ACCEPT``), so positions a smaller K never tried are assumed as good as the last tried
+    one rather than stuck at a constant. A row with n proposals is then worth
+    ``1 + sum_{j <= min(n, K)} prod_{i <= j} accept[i]`` tokens. What it costs is the verify time
+    of K plus the host time of a step. Verify time has two parts, both measured: the steady cost
+    of running K again (timed by the engine once per session, then followed on steps that repeat
+    the previous K) and the extra cost of switching to K from another shape (followed on the
+    steps that switch; on the CPU backend each shape has its own packed weights, so a switch
+    runs from cold caches). The policy picks ``argmax_K tokens(K) / cost(K)``, ties going to
+    the smaller K, and truncates proposals longer than K.
+
+    Before the proposer runs, ``propose_budget`` asks: would a full-length proposal in every
+    row beat K = 0, counting the proposer's own time? If not, the step does not call the
+    proposer at all, and only a probe step (the cheapest K > 0, every 16 skipped steps,
+    backing off to every 256 while probes keep losing) keeps the acceptance estimate current.
+    So where proposals rarely land, the run costs about what no-spec costs.
+    """
+
+    name = "goodput"
+    wants_step_costs = True
+
+    PRIOR_ACCEPT = 0.6
+    PRIOR_WEIGHT = 2.0
+    DECAY = 0.98
+    COST_EMA = 0.05
+    PROBE_FIRST, PROBE_LAST = 16, 256
+
+    def __init__(self):
+        self.start([0], 1, None)
+
+    def start(self, compiled_ks, rows, step_costs):
+        self.ks = sorted(set(compiled_ks))
+        self.rows = rows
+        size = self.ks[-1] + 1
+        # Index j is proposal position j (1-based); index 0 is unused.
+        self.tries = np.zeros(size)
+        self.hits = np.zeros(size)
+        self.verify_s = {k: float(step_costs[k]) if step_costs else 1.0 for k in self.ks}
+        self.switch_s = {k: 0.0 for k in self.ks}
+        self.last_k: int | None = None
+        self.host_s = 0.0
+        self.propose_s = 0.0
+        self.skipped = 0
+        self.probe_every = self.PROBE_FIRST
+        self.probing = False
+
+    # -- estimates ----------------------------------------------------------------------------
+
+    def expected_extra(self) -> np.ndarray:
+        """``extra[n]``: expected accepted proposals of a row that proposes n tokens."""
+        accept = np.empty(len(self.tries) - 1)
+        previous = self.PRIOR_ACCEPT
+        for j in range(1, len(self.tries)):
+            previous = (self.hits[j] + self.PRIOR_WEIGHT * previous) / (self.tries[j] + self.PRIOR_WEIGHT)
+            accept[j - 1] = previous
+        return np.concatenate([[0.0], np.cumsum(np.cumprod(accept))])
+
+    def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0) -> dict[int, float]:
+        """Expected tokens per second of each compiled K for rows proposing these counts."""
+        extra = self.expected_extra()
+        counts = np.asarray(proposal_counts, dtype=np.int64)
+        out = {}
+        for k in self.ks:
+            tokens = len(counts) + float(extra[np.minimum(counts, k)].sum())
+            cost = self.verify_s[k] + self.host_s + (extra_propose_s if k else 0.0)
+            if self.last_k is not None and k != self.last_k:
+                cost += self.switch_s[k]
+            out[k] = tokens / max(cost, 1e-9)
+        return out
+
+    # -- the KPolicy protocol -----------------------------------------------------------------
+
+    def propose_budget(self, k_max):
+        self.probing = False
+        if 0 not in self.ks:
+            return k_max
+        # Everything a full proposal could bring, paying the proposer as well.
+        rates = self.rates([self.ks[-1]] * self.rows, extra_propose_s=self.propose_s)
+        best = max(rates, key=lambda k: (rates[k], -k))
+        if best > 0:
+            self.skipped = 0
+            self.probe_every = self.PROBE_FIRST
+            return min(k_max, best)
+        self.skipped += 1
+        if self.skipped >= self.probe_every:
+            self.skipped = 0
+            self.probe_every = min(2 * self.probe_every, self.PROBE_LAST)
+            self.probing = True
+            return min(k_max, self.ks[1]) if len(self.ks) > 1 else 0
+        return 0
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        ks = sorted(compiled_ks)
+        if not ks:
+            raise ValueError("no compiled K to choose from")
+        if set(ks) != set(self.ks):
+            self.start(ks, max(self.rows, len(proposal_counts)), None)
+        if not any(proposal_counts):
+            return ks[0]
+        if self.probing:
+            return smallest_covering_k(proposal_counts, ks)
+        rates = self.rates(proposal_counts)
+        return max(rates, key=lambda k: (rates[k], -k))
+
+    def observe(self, outcome):
+        a, k = self.COST_EMA, outcome.k
+        if k == self.last_k or self.last_k is None:
+            self.verify_s[k] += a * (outcome.verify_s - self.verify_s[k])
+        else:
+            extra = max(0.0, outcome.verify_s - self.verify_s[k])
+            self.switch_s[k] += 4 * a * (extra - self.switch_s[k])
+        self.last_k = k
+        self.host_s += a * (outcome.host_s - self.host_s)
+        if outcome.propose_s > 0:
+            self.propose_s += a * (outcome.propose_s - self.propose_s)
+        for proposed, accepted in zip(outcome.proposed, outcome.accepted):
+            if proposed == 0:
+                continue
+            self.tries *= self.DECAY
+            self.hits *= self.DECAY
+            last = min(accepted + 1, proposed)  # positions 1..last were tried
+            self.tries[1 : last + 1] += 1.0
+            self.hits[1 : accepted + 1] += 1.0

@@ -37,18 +37,43 @@ class _Shape:
     nlk_input: np.ndarray
 
 
-def session_options(threads: int | None):
-    """SessionOptions for decode loops: no spinning (sessions alternate on few cores)."""
+_SHARED_POOL: dict[str, int] = {}  # {"threads": n} once this process made ORT's global pool
+
+
+def shared_pool(threads: int | None) -> bool:
+    """Make (once) and use the process-wide ORT thread pool; False where ORT has none.
+
+    Static specializations (and draft + target) alternate every decode step. With a pool per
+    session each switch wakes another set of threads; one pool for the whole process made a
+    step 1.2-1.8x faster on the 2-core bench machine (benchmarks/README.md, "Thread pools").
+    ORT sizes the global pool once, and once it exists every session must use it: the first
+    session of the process decides the thread count (``threads``, or all cores).
+    """
+    import onnxruntime as ort
+
+    if not hasattr(ort, "set_global_thread_pool_sizes"):
+        return False
+    if not _SHARED_POOL:
+        ort.set_global_thread_pool_sizes(int(threads or 0), 1)
+        _SHARED_POOL["threads"] = int(threads or 0)
+    return True
+
+
+def session_options(threads: int | None, *, shared: bool = True):
+    """SessionOptions for decode loops: one shared thread pool, or a non-spinning pool per session."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if shared and shared_pool(threads):
+        options.use_per_session_threads = False
+        return options
     # Several sessions (specializations, draft + target) alternate; spinning pools fight over
     # the cores and cost up to 2x (feasibility §4, pitfall 1).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.intra_op_num_threads = int(threads or 0)
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return options
 
 
@@ -80,6 +105,9 @@ class OrtSession:
     :param threads: intra-op threads per session (None: all cores).
     :param in_place: bind the KV cache in place (default); False uses plain ``run()`` and feeds
         the retained state back, kept for benchmarks and as a reference in tests.
+    :param shared_threads: use the process-wide thread pool (default, see :func:`shared_pool`);
+        False gives this session its own non-spinning pool, which ORT only allows before any
+        session of the process used the shared one.
     """
 
     def __init__(
@@ -92,6 +120,7 @@ class OrtSession:
         execution_provider: str = "cpu",
         threads: int | None = None,
         in_place: bool = True,
+        shared_threads: bool = True,
     ):
         import onnxruntime as ort
 
@@ -108,7 +137,7 @@ class OrtSession:
         self.kv_batch_size = max(s.full_batch_size or s.batch_size for s in self.specializations)
         self.device = "cuda" if execution_provider == "cuda" else "cpu"
         providers = providers_for(execution_provider)
-        options = session_options(threads)
+        options = session_options(threads, shared=shared_threads)
 
         self.input_names = list(self.manifest["inputs"])
         self.kv_inputs = [n for n in self.input_names if n.startswith("past_")]

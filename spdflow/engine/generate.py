@@ -18,13 +18,14 @@ Semantics (DESIGN §4, with upstream bugs fixed):
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
-from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling
+from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling, StepOutcome
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
@@ -37,6 +38,40 @@ def check_prompts(requests: Sequence[Request], ctx_len: int) -> None:
         if len(r.prompt_ids) > limit:
             raise StageError(f"prompt {r.index} has {len(r.prompt_ids)} tokens but ctx_len {ctx_len} "
                              f"leaves room for {limit}", hint="raise specialization.ctx_len or shorten the prompt")
+
+
+#: measured verify seconds per K, per session: {session: {(rows, ks): {k: seconds}}}
+_STEP_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
+                       batch_index: np.ndarray | None = None, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one verify run per compiled K, measured once per session and shape set.
+
+    Every position is -1, so the runs write only the reserved last KV slot and can happen at
+    any time without touching a request's cache. Each K runs as a block (one untimed run, then
+    ``repeats`` timed ones): this is the steady cost of repeating K, without the cost of
+    switching shapes, which a policy can learn from the steps themselves.
+    """
+    key = (rows, tuple(ks))
+    try:
+        cached = _STEP_COSTS.setdefault(session, {})
+    except TypeError:  # a session type without weak references: measure every time
+        cached = {}
+    if key in cached:
+        return dict(cached[key])
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for k in ks:
+        ids = np.full((rows, k + 1), pad_token_id, dtype=np.int64)
+        pos = np.full((rows, k + 1), -1, dtype=np.int64)
+        for round_ in range(repeats + 1):
+            start = time.perf_counter()
+            pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos,
+                                   num_logits_to_keep=k + 1, batch_index=batch_index)
+            if round_:
+                times[k].append(time.perf_counter() - start)
+    cached[key] = {k: float(np.median(v)) for k, v in times.items()}
+    return dict(cached[key])
 
 
 @dataclass
@@ -114,6 +149,7 @@ class Generator:
     def generate(self, requests: Sequence[Request]) -> list[RequestResult]:
         """Generate for every request; results in request order."""
         check_prompts(requests, self.cfg.ctx_len)
+        self._start_policy()
         self.t0 = time.perf_counter()
         results: dict[int, RequestResult] = {}
         pending = deque(requests)
@@ -129,6 +165,19 @@ class Generator:
                 if live is not None and self.proposer is not None:
                     self._call_proposer("remove_request", live.slot)
         return [results[r.index] for r in requests]
+
+    def _start_policy(self) -> None:
+        """Hand the K policy the compiled K-list, the rows and (if it asks) measured step costs."""
+        if self.proposer is None or self.policy is None:
+            return
+        costs = None
+        if getattr(self.policy, "wants_step_costs", False):
+            started = time.perf_counter()
+            costs = measure_step_costs(self.pm, self.session, self.rows, self.ks, self.cfg.pad_token_id,
+                                       self._batch_index)
+            self.trace({"kind": "step_costs", "duration_s": time.perf_counter() - started,
+                        "verify_s": {str(k): v for k, v in costs.items()}})
+        self._call_policy("start", list(self.ks), self.rows, costs)
 
     # ------------------------------------------------------------------------- prefill
 
@@ -199,7 +248,8 @@ class Generator:
         cfg = self.cfg
         step_start = time.perf_counter()
         active = [live for live in slots if live is not None]
-        k_max = {live.slot: self._k_max(live) for live in active}
+        budget = self._budget()
+        k_max = {live.slot: min(budget, self._k_max(live)) for live in active}
         proposals, propose_s = self._propose(active, k_max)
         counts = [len(p.tokens) for p in proposals]
         k = self._choose_k(counts)
@@ -226,18 +276,31 @@ class Generator:
         else:
             row_logits = logits[[live.slot for live in active]]
         accepted = self._accept(row_logits, rows)
+        proposed = tuple(len(row.proposal.tokens) for row in rows)
+        n_accepted = tuple(len(tokens) - 1 for tokens in accepted)
         trace_rows = []
-        for live, row, tokens in zip(active, rows, accepted):
-            proposed = len(row.proposal.tokens)
-            n_acc = len(tokens) - 1
+        for live, tokens, n_prop, n_acc in zip(active, accepted, proposed, n_accepted):
+            request_index = live.request.index
             emitted = self._append(live, tokens, slots, results)
-            trace_rows.append({"request": live.request.index, "slot": live.slot, "proposed": proposed,
+            trace_rows.append({"request": request_index, "slot": live.slot, "proposed": n_prop,
                                "accepted": n_acc, "emitted": emitted})
         self.step_count += 1
         end = time.perf_counter()
+        host_s = max(0.0, end - step_start - propose_s - verify_s)
+        if self.proposer is not None and self.policy is not None:
+            self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s))
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
-                    "propose_s": propose_s, "verify_s": verify_s,
-                    "host_s": max(0.0, end - step_start - propose_s - verify_s), "rows": trace_rows})
+                    "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
+
+    def _budget(self) -> int:
+        """The K policy's proposal budget for this step, within 0..max K."""
+        if self.proposer is None or self.policy is None or self.max_k == 0:
+            return self.max_k
+        budget = self._call_policy("propose_budget", self.max_k)
+        if not isinstance(budget, int) or not 0 <= budget <= self.max_k:
+            raise PluginError(f"the K policy's propose_budget returned {budget!r}; "
+                              f"it must be an int in 0..{self.max_k}")
+        return budget
 
     def _k_max(self, live: _Live) -> int:
         left = live.request.max_new_tokens - live.generated - 1
@@ -277,7 +340,7 @@ class Generator:
     def _choose_k(self, counts: list[int]) -> int:
         if self.proposer is None:
             return self.ks[0]
-        k = self.policy.choose_k(counts, self.ks)
+        k = self._call_policy("choose_k", counts, self.ks)
         if k not in self.ks:
             raise PluginError(f"the K policy chose K={k}, which is not compiled (compiled: {self.ks})")
         return k
@@ -325,6 +388,15 @@ class Generator:
         """The proposer named for error messages, with its plugin and version when known."""
         label = f"proposer '{self.proposer_name}'"
         return f"{label} ({self.proposer_plugin})" if self.proposer_plugin else label
+
+    def _call_policy(self, method: str, *args):
+        try:
+            return getattr(self.policy, method)(*args)
+        except SpdflowError:
+            raise
+        except Exception as exc:
+            name = getattr(self.policy, "name", "") or type(self.policy).__name__
+            raise PluginError(f"K policy '{name}' failed in {method}: {type(exc).__name__}: {exc}") from exc
 
     def _call_proposer(self, method: str, *args) -> None:
         try:

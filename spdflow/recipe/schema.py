@@ -128,7 +128,8 @@ class Recipe(Strict):
     )
     k_policy: str = Field(
         "smallest_covering",
-        description="How each step picks K: smallest_covering (varK), fixed (largest K), nospec.",
+        description="How each step picks K: smallest_covering (varK), goodput (cost-aware varK), "
+        "fixed (largest K), nospec.",
     )
     acceptance: str = Field(
         "auto", description="greedy, rejection, or auto (greedy at temperature 0, else rejection)."
