@@ -301,6 +301,21 @@ class Acceptor:
 
 
 @dataclass(frozen=True)
+class StepContext:
+    """The batch a decode step is about to run, as a K policy sees it before anything is proposed.
+
+    ``tokens_left[i]`` is how many tokens active row i may still generate (its max_new_tokens
+    less what it has; it may stop earlier at EOS), in the order of the step's
+    ``proposal_counts``. ``waiting`` is the number of requests queued for a free slot: with none
+    waiting, a static batch ends when its last row does, so rows far ahead matter less.
+    """
+
+    tokens_left: tuple[int, ...]
+    waiting: int
+    rows: int
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     """What one decode step did, as a K policy sees it in :meth:`KPolicy.observe`.
 
@@ -320,7 +335,7 @@ class StepOutcome:
 class KPolicy:
     """Chooses the compiled K of a step from the proposal counts of the batch.
 
-    The engine calls, per generation: ``start`` once, then every decode step
+    The engine calls, per generation: ``start`` once, then every decode step, in this order,
     ``propose_budget`` (before the proposer runs), ``choose_k`` (after it) and ``observe``
     (after the verify and accept). Only ``choose_k`` is required; the others let a policy
     learn what K is worth on this machine.
@@ -335,10 +350,11 @@ class KPolicy:
         """Before the first step: the compiled K-list, the batch rows, and (when asked for)
         the measured seconds of one verify run per K."""
 
-    def propose_budget(self, k_max: int) -> int:
+    def propose_budget(self, k_max: int, step: StepContext) -> int:
         """How many tokens the proposer may draft per request this step (0: do not call it).
 
-        ``k_max`` is the largest compiled K. The default asks for everything.
+        ``k_max`` is the largest compiled K; ``step`` describes the batch. The default asks
+        for everything.
         """
         return k_max
 

@@ -71,12 +71,17 @@ class Goodput(KPolicy):
     ``PRIOR_ACCEPT``), so positions a smaller K never tried are assumed as good as the last tried
     one rather than stuck at a constant. A row with n proposals is then worth
     ``1 + sum_{j <= min(n, K)} prod_{i <= j} accept[i]`` tokens. What it costs is the verify time
-    of K plus the host time of a step. Verify time has two parts, both measured: the steady cost
-    of running K again (timed by the engine once per session, then followed on steps that repeat
-    the previous K) and the extra cost of switching to K from another shape (followed on the
-    steps that switch; on the CPU backend each shape has its own packed weights, so a switch
-    runs from cold caches). The policy picks ``argmax_K tokens(K) / cost(K)``, ties going to
-    the smaller K, and truncates proposals longer than K.
+    of K plus the host time of a step: the engine times each compiled shape once per session
+    (``step_costs``), and the estimate then follows the verify times the steps really take
+    (which include what switching shapes costs: on the CPU backend each shape has its own packed
+    weights, so a switch runs from colder caches). The policy picks
+    ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates proposals
+    longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are noisy, and rows that speculate drift apart, which
+    leaves a static batch running with idle rows at the end; a near tie is not worth that.
+
+    When no request waits for a slot, a batch finishes with its last row: a row's tokens are
+    then weighted by its tokens left over the most any row has left, so the rows that hold the
+    batch up decide, and rows far ahead (which would sit idle soon anyway) count less.
 
     Before the proposer runs, ``propose_budget`` asks: would a full-length proposal in every
     row beat K = 0, counting the proposer's own time? If not, the step does not call the
@@ -93,6 +98,7 @@ class Goodput(KPolicy):
     DECAY = 0.98
     COST_EMA = 0.05
     PROBE_FIRST, PROBE_LAST = 16, 256
+    MARGIN = 0.1
 
     def __init__(self):
         self.start([0], 1, None)
@@ -105,47 +111,63 @@ class Goodput(KPolicy):
         self.tries = np.zeros(size)
         self.hits = np.zeros(size)
         self.verify_s = {k: float(step_costs[k]) if step_costs else 1.0 for k in self.ks}
-        self.switch_s = {k: 0.0 for k in self.ks}
         self.last_k: int | None = None
         self.host_s = 0.0
         self.propose_s = 0.0
         self.skipped = 0
         self.probe_every = self.PROBE_FIRST
         self.probing = False
+        self.weights: list[float] | None = None
+        self._extra: list[float] | None = None
 
     # -- estimates ----------------------------------------------------------------------------
 
-    def expected_extra(self) -> np.ndarray:
-        """``extra[n]``: expected accepted proposals of a row that proposes n tokens."""
-        accept = np.empty(len(self.tries) - 1)
-        previous = self.PRIOR_ACCEPT
-        for j in range(1, len(self.tries)):
-            previous = (self.hits[j] + self.PRIOR_WEIGHT * previous) / (self.tries[j] + self.PRIOR_WEIGHT)
-            accept[j - 1] = previous
-        return np.concatenate([[0.0], np.cumsum(np.cumprod(accept))])
+    def expected_extra(self) -> list[float]:
+        """``extra[n]``: expected accepted proposals of a row that proposes n tokens (cached)."""
+        if self._extra is None:
+            extra, run, previous = [0.0], 1.0, self.PRIOR_ACCEPT
+            for j in range(1, len(self.tries)):
+                previous = (self.hits[j] + self.PRIOR_WEIGHT * previous) / (self.tries[j] + self.PRIOR_WEIGHT)
+                run *= previous
+                extra.append(extra[-1] + run)
+            self._extra = extra
+        return self._extra
 
-    def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0) -> dict[int, float]:
-        """Expected tokens per second of each compiled K for rows proposing these counts."""
+    def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0,
+              weights: Sequence[float] | None = None) -> dict[int, float]:
+        """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
+
+        Plain Python on purpose: it runs every step, for a handful of rows and K values.
+        """
         extra = self.expected_extra()
-        counts = np.asarray(proposal_counts, dtype=np.int64)
+        if weights is None or len(weights) != len(proposal_counts):
+            weights = [1.0] * len(proposal_counts)
+        base = sum(weights)
         out = {}
         for k in self.ks:
-            tokens = len(counts) + float(extra[np.minimum(counts, k)].sum())
+            tokens = base + sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
             cost = self.verify_s[k] + self.host_s + (extra_propose_s if k else 0.0)
-            if self.last_k is not None and k != self.last_k:
-                cost += self.switch_s[k]
             out[k] = tokens / max(cost, 1e-9)
         return out
 
+    def best(self, rates: dict[int, float]) -> int:
+        """The K of the highest rate (ties to the smaller K); leaving K = 0 must win by MARGIN."""
+        if 0 in rates and self.last_k in (0, None):
+            floor = rates[0] * (1.0 + self.MARGIN)
+            rates = {k: r for k, r in rates.items() if k == 0 or r > floor}
+        return max(rates, key=lambda k: (rates[k], -k))
+
     # -- the KPolicy protocol -----------------------------------------------------------------
 
-    def propose_budget(self, k_max):
+    def propose_budget(self, k_max, step):
         self.probing = False
+        left = step.tokens_left
+        most = max(left, default=0)
+        self.weights = None if step.waiting or most <= 0 else [n / most for n in left]
         if 0 not in self.ks:
             return k_max
         # Everything a full proposal could bring, paying the proposer as well.
-        rates = self.rates([self.ks[-1]] * self.rows, extra_propose_s=self.propose_s)
-        best = max(rates, key=lambda k: (rates[k], -k))
+        best = self.best(self.rates([self.ks[-1]] * len(left), self.propose_s, self.weights))
         if best > 0:
             self.skipped = 0
             self.probe_every = self.PROBE_FIRST
@@ -164,20 +186,15 @@ class Goodput(KPolicy):
             raise ValueError("no compiled K to choose from")
         if set(ks) != set(self.ks):
             self.start(ks, max(self.rows, len(proposal_counts)), None)
-        if not any(proposal_counts):
-            return ks[0]
+        if not any(proposal_counts):  # every K returns one token per row: the cheapest wins
+            return min(ks, key=lambda k: (self.verify_s[k], k))
         if self.probing:
             return smallest_covering_k(proposal_counts, ks)
-        rates = self.rates(proposal_counts)
-        return max(rates, key=lambda k: (rates[k], -k))
+        return self.best(self.rates(proposal_counts, weights=self.weights))
 
     def observe(self, outcome):
         a, k = self.COST_EMA, outcome.k
-        if k == self.last_k or self.last_k is None:
-            self.verify_s[k] += a * (outcome.verify_s - self.verify_s[k])
-        else:
-            extra = max(0.0, outcome.verify_s - self.verify_s[k])
-            self.switch_s[k] += 4 * a * (extra - self.switch_s[k])
+        self.verify_s[k] += a * (outcome.verify_s - self.verify_s[k])
         self.last_k = k
         self.host_s += a * (outcome.host_s - self.host_s)
         if outcome.propose_s > 0:
@@ -185,6 +202,7 @@ class Goodput(KPolicy):
         for proposed, accepted in zip(outcome.proposed, outcome.accepted):
             if proposed == 0:
                 continue
+            self._extra = None
             self.tries *= self.DECAY
             self.hits *= self.DECAY
             last = min(accepted + 1, proposed)  # positions 1..last were tried

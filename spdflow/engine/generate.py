@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling, StepOutcome
+from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling, StepContext, StepOutcome
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
@@ -45,12 +45,12 @@ _STEP_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
-                       batch_index: np.ndarray | None = None, repeats: int = 5) -> dict[int, float]:
+                       batch_index: np.ndarray | None = None, repeats: int = 8, warmup: int = 3) -> dict[int, float]:
     """Median seconds of one verify run per compiled K, measured once per session and shape set.
 
     Every position is -1, so the runs write only the reserved last KV slot and can happen at
-    any time without touching a request's cache. Each K runs as a block (one untimed run, then
-    ``repeats`` timed ones): this is the steady cost of repeating K, without the cost of
+    any time without touching a request's cache. Each K runs as a block (``warmup`` untimed
+    runs, then ``repeats`` timed ones): this is the steady cost of repeating K, without the cost of
     switching shapes, which a policy can learn from the steps themselves.
     """
     key = (rows, tuple(ks))
@@ -64,11 +64,11 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
     for k in ks:
         ids = np.full((rows, k + 1), pad_token_id, dtype=np.int64)
         pos = np.full((rows, k + 1), -1, dtype=np.int64)
-        for round_ in range(repeats + 1):
+        for round_ in range(warmup + repeats):
             start = time.perf_counter()
             pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos,
                                    num_logits_to_keep=k + 1, batch_index=batch_index)
-            if round_:
+            if round_ >= warmup:
                 times[k].append(time.perf_counter() - start)
     cached[key] = {k: float(np.median(v)) for k, v in times.items()}
     return dict(cached[key])
@@ -134,7 +134,7 @@ class Generator:
         self.on_tokens = on_tokens or (lambda n: None)
         self.ks = sorted(set(config.k_list))
         self.max_k = self.ks[-1] if proposer is not None else 0
-        self.eos = np.array(config.eos_token_ids if not config.ignore_eos else (), dtype=np.int64)
+        self.eos = frozenset(() if config.ignore_eos else (int(t) for t in config.eos_token_ids))
         self.rows = config.full_batch_size or config.batch_size
         self.cb = config.full_batch_size is not None
         self._ids = {k: np.full((self.rows, k + 1), config.pad_token_id, dtype=np.int64) for k in self.ks}
@@ -159,7 +159,7 @@ class Generator:
                 self._admit(pending, slots, results)
                 if not any(slots):
                     continue
-                self._step(slots, results)
+                self._step(slots, results, len(pending))
         finally:
             for live in slots:
                 if live is not None and self.proposer is not None:
@@ -244,11 +244,11 @@ class Generator:
 
     # ------------------------------------------------------------------------- decode
 
-    def _step(self, slots: list, results: dict) -> None:
+    def _step(self, slots: list, results: dict, waiting: int = 0) -> None:
         cfg = self.cfg
         step_start = time.perf_counter()
         active = [live for live in slots if live is not None]
-        budget = self._budget()
+        budget = self._budget(active, waiting)
         k_max = {live.slot: min(budget, self._k_max(live)) for live in active}
         proposals, propose_s = self._propose(active, k_max)
         counts = [len(p.tokens) for p in proposals]
@@ -292,11 +292,12 @@ class Generator:
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
                     "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
 
-    def _budget(self) -> int:
+    def _budget(self, active: list[_Live], waiting: int) -> int:
         """The K policy's proposal budget for this step, within 0..max K."""
         if self.proposer is None or self.policy is None or self.max_k == 0:
             return self.max_k
-        budget = self._call_policy("propose_budget", self.max_k)
+        step = StepContext(tuple(live.request.max_new_tokens - live.generated for live in active), waiting, self.rows)
+        budget = self._call_policy("propose_budget", self.max_k, step)
         if not isinstance(budget, int) or not 0 <= budget <= self.max_k:
             raise PluginError(f"the K policy's propose_budget returned {budget!r}; "
                               f"it must be an int in 0..{self.max_k}")
@@ -352,11 +353,12 @@ class Generator:
         """Append accepted tokens, clipped at EOS / max_new_tokens / ctx_len; retire if done."""
         tokens = np.asarray(tokens, dtype=np.int64)
         reason = None
-        if len(self.eos):
-            hits = np.nonzero(np.isin(tokens, self.eos))[0]
-            if len(hits):
-                tokens = tokens[: hits[0] + 1]
-                reason = "eos"
+        if self.eos:
+            for i, token in enumerate(tokens.tolist()):
+                if token in self.eos:
+                    tokens = tokens[: i + 1]
+                    reason = "eos"
+                    break
         left = live.request.max_new_tokens - live.generated
         if len(tokens) >= left:
             tokens = tokens[:left]

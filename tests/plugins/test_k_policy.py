@@ -50,3 +50,99 @@ def test_k_policies_and_acceptors_are_registered_through_the_entry_point():
     assert {"smallest_covering", "fixed", "nospec"} <= set(registry["k_policy"])
     assert {"greedy", "rejection"} <= set(registry["acceptor"])
     assert registry["k_policy"]["smallest_covering"].factory().choose_k([1], [0, 2]) == 2
+
+
+# ---------------------------------------------------------------------------------- goodput
+
+from spdflow.api import StepContext, StepOutcome  # noqa: E402
+from spdflow_decoding import Goodput  # noqa: E402
+
+KS = [0, 2, 4, 7]
+
+
+def goodput(costs, rows=1):
+    policy = Goodput()
+    policy.start(KS, rows, costs)
+    return policy
+
+
+def feed(policy, k, proposed, accepted, steps, verify_s=None):
+    """``steps`` steps at K = k where every row proposed ``proposed`` and had ``accepted`` accepted."""
+    rows = policy.rows
+    for _ in range(steps):
+        policy.observe(StepOutcome(k, (proposed,) * rows, (accepted,) * rows,
+                                   policy.verify_s[k] if verify_s is None else verify_s, 0.0, 0.0))
+
+
+def context(rows=1, left=100, waiting=0):
+    return StepContext((left,) * rows, waiting, rows)
+
+
+def test_goodput_speculates_fully_when_acceptance_is_high_and_verify_is_cheap():
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+    feed(policy, 7, 7, 7, steps=50)
+    assert policy.propose_budget(7, context()) == 7
+    assert policy.choose_k([7], KS) == 7
+    assert policy.choose_k([3], KS) == 4  # a 3-token proposal: the cheapest K that takes it all
+
+
+def test_goodput_stays_at_k0_and_stops_proposing_when_nothing_is_accepted():
+    policy = goodput({0: 1.0, 2: 1.6, 4: 2.1, 7: 3.0})
+    feed(policy, 7, 7, 0, steps=50)
+    assert policy.choose_k([7], KS) == 0
+    assert policy.propose_budget(7, context()) == 0
+
+
+def test_goodput_weighs_acceptance_against_the_measured_cost_of_each_k():
+    # Half of the first proposals are accepted, then everything: K=7 returns ~4.2 tokens.
+    cheap, steep = {0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3}, {0: 1.0, 2: 3.0, 4: 5.0, 7: 8.0}
+    for costs, expected in [(cheap, 7), (steep, 0)]:
+        policy = goodput(costs)
+        for _ in range(40):
+            feed(policy, 7, 7, 7, steps=1)
+            feed(policy, 7, 7, 0, steps=1)
+        policy.last_k = 0
+        assert policy.choose_k([7], KS) == expected, costs
+
+
+def test_goodput_probes_with_backoff_while_speculation_cannot_pay():
+    policy = goodput({0: 1.0, 2: 1.6, 4: 2.1, 7: 3.0})
+    feed(policy, 7, 7, 0, steps=50)
+    budgets = [policy.propose_budget(7, context()) for _ in range(16 + 32 + 64)]
+    probes = [i for i, b in enumerate(budgets) if b]
+    assert probes == [15, 47, 111]  # after 16 skipped steps, then 32, then 64
+    assert all(budgets[i] == 2 for i in probes)  # the cheapest K > 0
+    policy.propose_budget(7, context())
+    assert policy.choose_k([0], KS) == 0
+
+
+def test_goodput_counts_rows_that_hold_a_static_batch_up():
+    policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0}, rows=2)
+    for _ in range(40):
+        feed(policy, 7, 7, 7, steps=1)
+        feed(policy, 7, 7, 0, steps=1)
+    policy.last_k = 0
+    # Row 0 is nearly done, row 1 (most tokens left) has nothing to propose: speculating only
+    # speeds up a row that will sit idle soon, so K = 0.
+    policy.propose_budget(7, StepContext((4, 100), 0, 2))
+    assert policy.choose_k([7, 0], KS) == 0
+    # With requests waiting for a slot every row counts the same, and speculation pays.
+    policy.propose_budget(7, StepContext((4, 100), 3, 2))
+    assert policy.choose_k([7, 0], KS) == 7
+
+
+def test_goodput_follows_the_verify_and_host_times_steps_really_take():
+    policy = goodput({0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
+    for _ in range(200):
+        policy.observe(StepOutcome(7, (7,), (7,), 2.0, 0.0, 0.1))
+    assert policy.verify_s[7] == pytest.approx(2.0, rel=0.01)
+    assert policy.verify_s[0] == 1.0  # untouched until K = 0 runs
+    assert policy.host_s == pytest.approx(0.1, rel=0.01)
+
+
+def test_goodput_is_registered_and_asks_for_step_costs():
+    registration = get_plugin_manager().registry()["k_policy"]["goodput"]
+    policy = registration.factory()
+    assert policy.wants_step_costs
+    policy.start(KS, 1, {0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
+    assert policy.choose_k([2], KS) in KS
