@@ -40,7 +40,7 @@ def rule_k_list_unique(loaded: LoadedRecipe, pm) -> list[Finding]:
 def rule_k0_when_proposer_may_be_empty(loaded: LoadedRecipe, pm) -> list[Finding]:
     """SPD103: without K=0, steps with no proposal still pay for the smallest K."""
     recipe = loaded.recipe
-    if recipe.proposer is None or 0 in recipe.k_list() or recipe.k_policy != "smallest_covering":
+    if recipe.proposer is None or 0 in recipe.k_list() or recipe.k_policy not in ("smallest_covering", "goodput"):
         return []
     registration = pm.registry()["proposer"].get(recipe.proposer.uses)
     if registration is None or not getattr(registration.factory, "may_propose_nothing", True):

@@ -86,7 +86,8 @@ class Goodput(KPolicy):
     Before the proposer runs, ``propose_budget`` asks: would a full-length proposal in every
     row beat K = 0, counting the proposer's own time? If not, the step does not call the
     proposer at all, and only a probe step (the cheapest K > 0, every 16 skipped steps,
-    backing off to every 256 while probes keep losing) keeps the acceptance estimate current.
+    backing off to every 256 while probes accept nothing, back to 16 when one accepts) keeps
+    the acceptance estimate current.
     So where proposals rarely land, the run costs about what no-spec costs.
     """
 
@@ -94,7 +95,7 @@ class Goodput(KPolicy):
     wants_step_costs = True
 
     PRIOR_ACCEPT = 0.6
-    PRIOR_WEIGHT = 2.0
+    PRIOR_WEIGHT = 4.0
     DECAY = 0.98
     COST_EMA = 0.05
     PROBE_FIRST, PROBE_LAST = 16, 256
@@ -199,6 +200,8 @@ class Goodput(KPolicy):
         self.host_s += a * (outcome.host_s - self.host_s)
         if outcome.propose_s > 0:
             self.propose_s += a * (outcome.propose_s - self.propose_s)
+        if self.probing and any(outcome.accepted):
+            self.probe_every = self.PROBE_FIRST  # the probe paid: look again soon
         for proposed, accepted in zip(outcome.proposed, outcome.accepted):
             if proposed == 0:
                 continue
