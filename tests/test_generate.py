@@ -145,3 +145,136 @@ def test_embedded_model_is_lossless_and_speculates(pm, tmp_path, out_root, propo
     assert state.lossless["identical"], state.lossless
     rows = [row for r in state.records if r["kind"] == "step" for row in r["rows"]]
     assert sum(row["proposed"] for row in rows) > 0 and sum(row["accepted"] for row in rows) > 0
+
+
+# ------------------------------------------------------------------------- K policies that learn
+
+
+@pytest.mark.parametrize("batching", [BATCHING["batch3"], BATCHING["cb2"]], ids=["batch3", "cb2"])
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+def test_goodput_policy_is_lossless_for_every_proposer(pm, tmp_path, out_root, proposer, batching):
+    """goodput skips proposing, truncates proposals and switches K: the tokens must not change."""
+    config = {k: ("spdflow:tinycode-draft" if v == "DRAFT" else v) for k, v in PROPOSERS[proposer].items()}
+    path = write(tmp_path, "spdflow:tinycode-target", out_root / f"goodput-{proposer}", proposer, config,
+                 [0, 2, 4, 7], batching, max_new=48, extra="\nk_policy: goodput")
+    state = run(pm, path, check_lossless=True)
+    assert state.lossless["identical"], state.lossless
+    costs = [r for r in state.records if r["kind"] == "step_costs"]
+    assert len(costs) == 1 and set(costs[0]["verify_s"]) == {"0", "2", "4", "7"}
+
+
+class Recording:
+    """A K policy that records what the engine tells it and proposes nothing every other step."""
+
+    name = "recording"
+    wants_step_costs = True
+
+    def __init__(self):
+        self.calls = []
+        self.budgets = []
+
+    def start(self, compiled_ks, rows, step_costs):
+        self.calls.append(("start", list(compiled_ks), rows, dict(step_costs)))
+
+    def propose_budget(self, k_max, step):
+        self.calls.append(("budget", k_max, step))
+        self.budgets.append(0 if len(self.budgets) % 2 else k_max)
+        return self.budgets[-1]
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        self.calls.append(("choose", list(proposal_counts)))
+        return max(compiled_ks) if any(proposal_counts) else 0
+
+    def observe(self, outcome):
+        self.calls.append(("observe", outcome))
+
+
+def register_policy(pm, policy):
+    from spdflow.hookspecs import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def spdflow_register_k_policies(self, register):
+            register(policy.name, lambda: policy)
+
+    pm.add_plugin(Plugin(), f"{policy.name}-plugin", version="1.0")
+
+
+def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root):
+    policy = Recording()
+    register_policy(pm, policy)
+    calls_to_propose = []
+    path = write(tmp_path, models[0], out_root / "lifecycle", "synthetic",
+                 {"acceptance_rate": 1.0, "proposal_rate": 1.0}, [0, 4], extra="\nk_policy: recording")
+    import spdflow_proposers.synthetic as synthetic
+
+    original = synthetic.SyntheticProposer.propose
+
+    def spy(self, inputs):
+        calls_to_propose.append([item.k_max for item in inputs])
+        return original(self, inputs)
+
+    synthetic.SyntheticProposer.propose = spy
+    try:
+        state = run(pm, path, check_lossless=True)
+    finally:
+        synthetic.SyntheticProposer.propose = original
+    assert state.lossless["identical"]
+    kinds = [c[0] for c in policy.calls]
+    assert kinds[0] == "start" and policy.calls[0][1] == [0, 4] and set(policy.calls[0][3]) == {0, 4}
+    steps = [r for r in state.records if r["kind"] == "step"]
+    assert kinds.count("budget") == kinds.count("choose") == kinds.count("observe") == len(steps)
+    # Budget 0 (every other step) means the proposer is not called at all.
+    asked = sum(1 for b in policy.budgets if b)
+    assert 0 < asked < len(policy.budgets)
+    assert asked - 1 <= len(calls_to_propose) <= asked  # the last step has no room to propose
+    budget = next(c for c in policy.calls if c[0] == "budget")[2]
+    assert budget.waiting == 0 and budget.rows == 1 and budget.tokens_left == (19,)
+    observed = [c[1] for c in policy.calls if c[0] == "observe"]
+    assert {o.k for o in observed} == {0, 4}
+    assert all(o.verify_s > 0 and len(o.proposed) == len(o.accepted) == 1 for o in observed)
+    assert all(o.propose_s == 0.0 for o in observed if o.k == 0)
+
+
+def test_a_k_policy_that_breaks_is_named_in_one_sentence(pm, tmp_path, models, out_root):
+    class Broken(Recording):
+        name = "broken"
+
+        def propose_budget(self, k_max, step):
+            return k_max + 5
+
+    register_policy(pm, Broken())
+    path = write(tmp_path, models[0], out_root / "broken-policy", "prompt_lookup", {}, [0, 4],
+                 extra="\nk_policy: broken")
+    with pytest.raises(PluginError, match="propose_budget returned 9; it must be an int in 0..4"):
+        run(pm, path)
+
+
+def test_step_costs_touch_only_the_reserved_kv_slot_and_are_measured_once(pm, tmp_path, models, out_root):
+    import numpy as np
+
+    from spdflow.engine.generate import measure_step_costs
+
+    path = write(tmp_path, models[0], out_root / "costs", "prompt_lookup", {}, [0, 2])
+    engine = Engine(pm, load_recipe(path, pm), RunOptions())
+    program, info = engine.build_model(engine.recipe.model, "target", [0, 2], engine.recipe.devices)
+    session = engine.open_session(program)
+    try:
+        rng = np.random.default_rng(0)
+        for array in session.kv_cache().values():
+            array[...] = rng.standard_normal(array.shape)
+        before = {name: array.copy() for name, array in session.kv_cache().items()}
+        costs = measure_step_costs(pm, session, 1, [0, 2], info.pad_token_id)
+        assert set(costs) == {0, 2} and all(v > 0 for v in costs.values())
+        for name, array in session.kv_cache().items():
+            assert np.array_equal(array[:, :, :-1], before[name][:, :, :-1]), name
+        calls = []
+        original = pm.hook.spdflow_verify
+        pm.hook.spdflow_verify = lambda **kw: calls.append(kw) or original(**kw)
+        try:
+            assert measure_step_costs(pm, session, 1, [0, 2], info.pad_token_id) == costs
+        finally:
+            pm.hook.spdflow_verify = original
+        assert calls == []  # cached per session
+    finally:
+        session.close()

@@ -83,8 +83,8 @@ class Goodput(KPolicy):
     then weighted by its tokens left over the most any row has left, so the rows that hold the
     batch up decide, and rows far ahead (which would sit idle soon anyway) count less.
 
-    Before the proposer runs, ``propose_budget`` asks: would a full-length proposal in every
-    row beat K = 0, counting the proposer's own time? If not, the step does not call the
+    Before the proposer runs, ``propose_budget`` asks: would full-length proposals, from the
+    share of rows that recently returned one, beat K = 0, counting the proposer's own time? If not, the step does not call the
     proposer at all, and only a probe step (the cheapest K > 0, every 16 skipped steps,
     backing off to every 256 while probes accept nothing, back to 16 when one accepts) keeps
     the acceptance estimate current.
@@ -98,6 +98,7 @@ class Goodput(KPolicy):
     PRIOR_WEIGHT = 4.0
     DECAY = 0.98
     COST_EMA = 0.05
+    YIELD_EMA = 0.1
     PROBE_FIRST, PROBE_LAST = 16, 256
     MARGIN = 0.1
 
@@ -115,6 +116,7 @@ class Goodput(KPolicy):
         self.last_k: int | None = None
         self.host_s = 0.0
         self.propose_s = 0.0
+        self.yield_rate = 1.0  # share of rows that return a proposal when the proposer runs
         self.skipped = 0
         self.probe_every = self.PROBE_FIRST
         self.probing = False
@@ -167,8 +169,13 @@ class Goodput(KPolicy):
         self.weights = None if step.waiting or most <= 0 else [n / most for n in left]
         if 0 not in self.ks:
             return k_max
-        # Everything a full proposal could bring, paying the proposer as well.
-        best = self.best(self.rates([self.ks[-1]] * len(left), self.propose_s, self.weights))
+        # What full-length proposals could bring from the rows that usually propose, paying
+        # the proposer as well.
+        extra, weights = self.expected_extra(), self.weights or [1.0] * len(left)
+        base = sum(weights)
+        rates = {k: (base * (1.0 + self.yield_rate * extra[k]))
+                 / max(self.verify_s[k] + self.host_s + (self.propose_s if k else 0.0), 1e-9) for k in self.ks}
+        best = self.best(rates)
         if best > 0:
             self.skipped = 0
             self.probe_every = self.PROBE_FIRST
@@ -200,6 +207,8 @@ class Goodput(KPolicy):
         self.host_s += a * (outcome.host_s - self.host_s)
         if outcome.propose_s > 0:
             self.propose_s += a * (outcome.propose_s - self.propose_s)
+            share = sum(1 for n in outcome.proposed if n) / max(len(outcome.proposed), 1)
+            self.yield_rate += self.YIELD_EMA * (share - self.yield_rate)
         if self.probing and any(outcome.accepted):
             self.probe_every = self.PROBE_FIRST  # the probe paid: look again soon
         for proposed, accepted in zip(outcome.proposed, outcome.accepted):

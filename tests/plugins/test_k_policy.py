@@ -146,3 +146,11 @@ def test_goodput_is_registered_and_asks_for_step_costs():
     assert policy.wants_step_costs
     policy.start(KS, 1, {0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
     assert policy.choose_k([2], KS) in KS
+
+
+def test_goodput_stops_calling_a_proposer_that_returns_nothing():
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+    assert policy.propose_budget(7, context()) > 0  # optimistic at first
+    for _ in range(60):  # the proposer ran and found nothing, every time
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
+    assert policy.propose_budget(7, context()) == 0
