@@ -227,9 +227,10 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
     # Budget 0 (every other step) means the proposer is not called at all.
     asked = sum(1 for b in policy.budgets if b)
     assert 0 < asked < len(policy.budgets)
-    assert asked - 1 <= len(calls_to_propose) <= asked  # the last step has no room to propose
+    # Steps near a request's end have no room to propose (k_max 0), so some asked steps skip too.
+    assert asked // 2 <= len(calls_to_propose) <= asked
     budget = next(c for c in policy.calls if c[0] == "budget")[2]
-    assert budget.waiting == 0 and budget.rows == 1 and budget.tokens_left == (19,)
+    assert budget.waiting == len(PROMPTS) - 1 and budget.rows == 1 and budget.tokens_left == (19,)
     observed = [c[1] for c in policy.calls if c[0] == "observe"]
     assert {o.k for o in observed} == {0, 4}
     assert all(o.verify_s > 0 and len(o.proposed) == len(o.accepted) == 1 for o in observed)
