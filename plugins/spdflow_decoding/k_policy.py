@@ -137,9 +137,10 @@ class Goodput(KPolicy):
         return self._extra
 
     def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0,
-              weights: Sequence[float] | None = None) -> dict[int, float]:
+              weights: Sequence[float] | None = None, share: float = 1.0) -> dict[int, float]:
         """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
 
+        ``share`` scales what the proposals bring (the share of rows expected to get one).
         Plain Python on purpose: it runs every step, for a handful of rows and K values.
         """
         extra = self.expected_extra()
@@ -148,7 +149,7 @@ class Goodput(KPolicy):
         base = sum(weights)
         out = {}
         for k in self.ks:
-            tokens = base + sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
+            tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
             cost = self.verify_s[k] + self.host_s + (extra_propose_s if k else 0.0)
             out[k] = tokens / max(cost, 1e-9)
         return out
@@ -171,11 +172,8 @@ class Goodput(KPolicy):
             return k_max
         # What full-length proposals could bring from the rows that usually propose, paying
         # the proposer as well.
-        extra, weights = self.expected_extra(), self.weights or [1.0] * len(left)
-        base = sum(weights)
-        rates = {k: (base * (1.0 + self.yield_rate * extra[k]))
-                 / max(self.verify_s[k] + self.host_s + (self.propose_s if k else 0.0), 1e-9) for k in self.ks}
-        best = self.best(rates)
+        full = [self.ks[-1]] * len(left)
+        best = self.best(self.rates(full, self.propose_s, self.weights, share=self.yield_rate))
         if best > 0:
             self.skipped = 0
             self.probe_every = self.PROBE_FIRST
@@ -189,10 +187,10 @@ class Goodput(KPolicy):
         return 0
 
     def choose_k(self, proposal_counts, compiled_ks):
-        ks = sorted(compiled_ks)
+        ks = sorted(set(compiled_ks))
         if not ks:
             raise ValueError("no compiled K to choose from")
-        if set(ks) != set(self.ks):
+        if ks != self.ks:
             self.start(ks, max(self.rows, len(proposal_counts)), None)
         if not any(proposal_counts):  # every K returns one token per row: the cheapest wins
             return min(ks, key=lambda k: (self.verify_s[k], k))

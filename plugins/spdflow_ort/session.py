@@ -37,7 +37,7 @@ class _Shape:
     nlk_input: np.ndarray
 
 
-_SHARED_POOL: dict[str, int] = {}  # {"threads": n} once this process made ORT's global pool
+_SHARED_POOL_MADE = False  # True once this process made ORT's global pool
 
 
 def shared_pool(threads: int | None) -> bool:
@@ -49,13 +49,14 @@ def shared_pool(threads: int | None) -> bool:
     ORT sizes the global pool once, and once it exists every session must use it: the first
     session of the process decides the thread count (``threads``, or all cores).
     """
+    global _SHARED_POOL_MADE
     import onnxruntime as ort
 
     if not hasattr(ort, "set_global_thread_pool_sizes"):
         return False
-    if not _SHARED_POOL:
+    if not _SHARED_POOL_MADE:
         ort.set_global_thread_pool_sizes(int(threads or 0), 1)
-        _SHARED_POOL["threads"] = int(threads or 0)
+        _SHARED_POOL_MADE = True
     return True
 
 

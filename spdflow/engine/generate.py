@@ -129,6 +129,8 @@ class Generator:
         #: who to blame in errors, e.g. "plugin 'spdflow_proposers' 0.1.0"
         self.proposer_plugin = proposer_plugin
         self.policy = policy
+        #: the K policy only runs (start/budget/choose/observe) when there is a proposer
+        self._policy_runs = proposer is not None and policy is not None
         self.acceptor = acceptor
         self.trace = trace or (lambda record: None)
         self.on_tokens = on_tokens or (lambda n: None)
@@ -168,7 +170,7 @@ class Generator:
 
     def _start_policy(self) -> None:
         """Hand the K policy the compiled K-list, the rows and (if it asks) measured step costs."""
-        if self.proposer is None or self.policy is None:
+        if not self._policy_runs:
             return
         costs = None
         if getattr(self.policy, "wants_step_costs", False):
@@ -280,21 +282,20 @@ class Generator:
         n_accepted = tuple(len(tokens) - 1 for tokens in accepted)
         trace_rows = []
         for live, tokens, n_prop, n_acc in zip(active, accepted, proposed, n_accepted):
-            request_index = live.request.index
             emitted = self._append(live, tokens, slots, results)
-            trace_rows.append({"request": request_index, "slot": live.slot, "proposed": n_prop,
+            trace_rows.append({"request": live.request.index, "slot": live.slot, "proposed": n_prop,
                                "accepted": n_acc, "emitted": emitted})
         self.step_count += 1
         end = time.perf_counter()
         host_s = max(0.0, end - step_start - propose_s - verify_s)
-        if self.proposer is not None and self.policy is not None:
+        if self._policy_runs:
             self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s))
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
                     "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
 
     def _budget(self, active: list[_Live], waiting: int) -> int:
         """The K policy's proposal budget for this step, within 0..max K."""
-        if self.proposer is None or self.policy is None or self.max_k == 0:
+        if not self._policy_runs or self.max_k == 0:
             return self.max_k
         step = StepContext(tuple(live.request.max_new_tokens - live.generated for live in active), waiting, self.rows)
         budget = self._call_policy("propose_budget", self.max_k, step)
