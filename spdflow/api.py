@@ -322,6 +322,17 @@ class StepOutcome:
     ``proposed[i]`` is how many proposals of active row i were verified (after clipping to
     ``k``), ``accepted[i]`` how many of them were accepted. ``propose_s`` is 0.0 when the step
     did not call the proposer. Times are wall seconds of this process.
+
+    ``scored`` (only for a policy with ``wants_scores``) holds one ``(checked, matched)`` pair
+    per proposal decided at this step, whether it was verified, cut to a smaller K or not
+    verified at all (K = 0): its tokens compared with the tokens the request went on to
+    generate, ``matched`` the length of the agreeing prefix, ``checked`` the positions
+    compared (``matched + 1`` after a mismatch). A proposal is decided at its first mismatch,
+    when all of it matched, or when its request ends. For greedy acceptance this is exactly
+    what verifying the whole proposal would have accepted; for sampling it is unbiased for
+    proposals without draft probabilities (a point-mass draft token is accepted with the
+    target's probability of that token, the chance it is sampled) and an underestimate
+    otherwise.
     """
 
     k: int
@@ -330,6 +341,7 @@ class StepOutcome:
     verify_s: float
     propose_s: float
     host_s: float
+    scored: tuple[tuple[int, int], ...] = ()
 
 
 class KPolicy:
@@ -345,6 +357,9 @@ class KPolicy:
     #: True asks the engine to time every compiled decode shape before the first step and
     #: pass the medians to ``start`` (a few runs per K, once per session).
     wants_step_costs: bool = False
+    #: True asks the engine to score every proposal against the tokens generated after it
+    #: (``StepOutcome.scored``), so a policy learns how long proposals hold even at K = 0.
+    wants_scores: bool = False
 
     def start(self, compiled_ks: Sequence[int], rows: int, step_costs: dict[int, float] | None) -> None:
         """Before the first step: the compiled K-list, the batch rows, and (when asked for)

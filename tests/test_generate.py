@@ -237,6 +237,85 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
     assert all(o.propose_s == 0.0 for o in observed if o.k == 0)
 
 
+class Scoring(Recording):
+    """Verifies at K=2 or not at all (K=0) in turn, and keeps what the engine scored."""
+
+    name = "scoring"
+    wants_scores = True
+
+    def __init__(self):
+        super().__init__()
+        self.scored = []
+        self.turn = 0
+
+    def propose_budget(self, k_max, step):
+        return k_max
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        self.turn += 1
+        return 2 if any(proposal_counts) and self.turn % 2 else 0
+
+    def observe(self, outcome):
+        self.scored.extend(outcome.scored)
+
+
+def test_every_proposal_is_scored_against_the_tokens_that_follow_it(pm, tmp_path, models, out_root):
+    policy = Scoring()
+    register_policy(pm, policy)
+    path = write(tmp_path, models[0], out_root / "scoring", "synthetic",
+                 {"acceptance_rate": 0.6, "proposal_rate": 0.8}, [0, 2, 4], extra="\nk_policy: scoring")
+    import spdflow_proposers.synthetic as synthetic
+
+    cls = synthetic.SyntheticProposer
+    saved = {name: getattr(cls, name) for name in ("add_request", "on_accepted", "propose", "remove_request")}
+    live, final, proposals = {}, {}, []
+
+    def add_request(self, slot, request):
+        live[slot] = (request.index, list(request.prompt_ids))
+        saved["add_request"](self, slot, request)
+
+    def on_accepted(self, slot, tokens):
+        live[slot][1].extend(int(t) for t in tokens)
+        saved["on_accepted"](self, slot, tokens)
+
+    def propose(self, inputs):
+        out = saved["propose"](self, inputs)
+        proposals.extend((item.request_index, len(item.tokens), [int(t) for t in p.tokens])
+                         for item, p in zip(inputs, out) if len(p.tokens))
+        return out
+
+    def remove_request(self, slot):
+        if slot in live:
+            index, tokens = live.pop(slot)
+            final[index] = tokens
+        saved["remove_request"](self, slot)
+
+    for name, fn in [("add_request", add_request), ("on_accepted", on_accepted), ("propose", propose),
+                     ("remove_request", remove_request)]:
+        setattr(cls, name, fn)
+    try:
+        state = run(pm, path, check_lossless=True)
+    finally:
+        for name, fn in saved.items():
+            setattr(cls, name, fn)
+    assert state.lossless["identical"]
+    expected = []
+    for index, start, tokens in proposals:
+        sequence = final[index]
+        seen = min(len(tokens), len(sequence) - start)
+        matched = 0
+        while matched < seen and sequence[start + matched] == tokens[matched]:
+            matched += 1
+        if matched < seen:
+            expected.append((matched + 1, matched))
+        elif matched:
+            expected.append((matched, matched))
+    # Cut (K=2 of up to 4) and unverified (K=0) proposals are scored as fully as verified ones.
+    assert sorted(policy.scored) == sorted(expected)
+    assert any(checked > 2 for checked, _ in policy.scored)  # beyond what K=2 verified
+    assert {matched for _, matched in policy.scored} >= {0, 1, 2}
+
+
 def test_a_k_policy_that_breaks_is_named_in_one_sentence(pm, tmp_path, models, out_root):
     class Broken(Recording):
         name = "broken"

@@ -6,9 +6,8 @@ nothing to verify should cost the cheapest shape, not the largest).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
-
-import numpy as np
 
 from spdflow.api import KPolicy
 
@@ -66,40 +65,50 @@ class Goodput(KPolicy):
 
     What a step at K returns is estimated from per-position acceptance: ``accept[j]`` is the
     chance that proposal j is accepted given that proposals 1..j-1 were (counted over recent
-    row-steps, older ones fading by ``DECAY`` per row). Each position starts from a prior of
-    ``PRIOR_WEIGHT`` pseudo-trials at the estimate of the position before it (the first at
-    ``PRIOR_ACCEPT``), so positions a smaller K never tried are assumed as good as the last tried
-    one rather than stuck at a constant. A row with n proposals is then worth
-    ``1 + sum_{j <= min(n, K)} prod_{i <= j} accept[i]`` tokens. What it costs is the verify time
-    of K plus the host time of a step: the engine times each compiled shape once per session
-    (``step_costs``), and the estimate then follows the verify times the steps really take
-    (which include what switching shapes costs: on the CPU backend each shape has its own packed
-    weights, so a switch runs from colder caches). The policy picks
-    ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates proposals
-    longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are noisy, and rows that speculate drift apart, which
-    leaves a static batch running with idle rows at the end; a near tie is not worth that.
+    proposals, older ones fading by ``DECAY`` per proposal). The counts come from the engine's
+    scoring (``wants_scores``): every proposal is compared with the tokens its request goes on
+    to generate, so a proposal cut to a smaller K, or not verified at all (K = 0), still shows
+    how far it would have held. Each position starts from a prior of ``PRIOR_WEIGHT``
+    pseudo-trials at the estimate of the position before it (the first at ``PRIOR_ACCEPT``). A
+    row with n proposals is then worth ``1 + sum_{j <= min(n, K)} prod_{i <= j} accept[i]``
+    tokens. What it costs is the verify time of K plus the host time of a step at K: the engine
+    times each compiled shape once per session (``step_costs``), and the estimates then follow
+    what repeated steps really take. Changing K costs extra on the first step after the change
+    (on the CPU backend each shape is its own session with its own packed weights and buffers,
+    so the first run after a switch starts from colder caches). That penalty is learned from
+    every change; it decides steps without any proposal (stay at the last K, or take a
+    cheaper K and, if proposals come back, return: up to twice the penalty), while the choice among proposals uses the
+    steady costs, since a K chosen for proposals tends to be kept. The policy
+    picks ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates
+    proposals longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are
+    noisy, and a near tie is not worth a switch.
 
-    When no request waits for a slot, a batch finishes with its last row: a row's tokens are
-    then weighted by its tokens left over the most any row has left, so the rows that hold the
-    batch up decide, and rows far ahead (which would sit idle soon anyway) count less.
+    When no request waits for a slot, a batch finishes with its last row, so a row's tokens
+    are weighted by ``exp(-(most - left) / HORIZON)``: the rows with the most tokens left
+    decide, and rows a few steps ahead (which would sit idle at the end anyway) count little.
 
     Before the proposer runs, ``propose_budget`` asks: would full-length proposals, from the
-    share of rows that recently returned one, beat K = 0, counting the proposer's own time? If not, the step does not call the
-    proposer at all, and only a probe step (the cheapest K > 0, every 16 skipped steps,
-    backing off to every 256 while probes accept nothing, back to 16 when one accepts) keeps
-    the acceptance estimate current.
-    So where proposals rarely land, the run costs about what no-spec costs.
+    share of rows that recently returned one, beat K = 0, counting the proposer's own time? If
+    not, steps skip the proposer. Every ``peek_every`` steps (skipping or not) the proposer
+    drafts the full K: these peeks keep the acceptance estimate current at a cost of about
+    ``PEEK_SHARE`` of the run (the interval is the proposer's time over that share of a K = 0
+    step, within ``PEEK_MIN..PEEK_MAX``). So where proposals rarely land, the run costs about
+    what no-spec costs.
     """
 
     name = "goodput"
     wants_step_costs = True
+    wants_scores = True
 
     PRIOR_ACCEPT = 0.6
     PRIOR_WEIGHT = 4.0
-    DECAY = 0.98
+    DECAY = 0.99
     COST_EMA = 0.05
+    PENALTY_EMA = 0.1
     YIELD_EMA = 0.1
-    PROBE_FIRST, PROBE_LAST = 16, 256
+    PEEK_SHARE = 0.01
+    PEEK_MIN, PEEK_MAX = 4, 256
+    HORIZON = 8.0
     MARGIN = 0.1
 
     def __init__(self):
@@ -110,17 +119,23 @@ class Goodput(KPolicy):
         self.rows = rows
         size = self.ks[-1] + 1
         # Index j is proposal position j (1-based); index 0 is unused.
-        self.tries = np.zeros(size)
-        self.hits = np.zeros(size)
+        self.tries = [0.0] * size
+        self.hits = [0.0] * size
         self.verify_s = {k: float(step_costs[k]) if step_costs else 1.0 for k in self.ks}
+        self.penalty_s = 0.0  # extra verify time of the first step after a change of K
+        self.host_s: dict[int, float | None] = {k: None for k in self.ks}
         self.last_k: int | None = None
-        self.host_s = 0.0
+        self._steps = 0
+        self._cheapest: int | None = None  # cached cheapest K for steps without proposals
         self.propose_s = 0.0
         self.yield_rate = 1.0  # share of rows that return a proposal when the proposer runs
-        self.skipped = 0
-        self.probe_every = self.PROBE_FIRST
-        self.probing = False
+        self.skipping = False
+        self.since_peek = 0
+        self.peek_every = self.PEEK_MIN
+        self.left: tuple[int, ...] = ()  # tokens left per row, from the last propose_budget
+        self.waiting = 0
         self.weights: list[float] | None = None
+        self.offered = 0.0  # share of rows with a proposal at the last choose_k
         self._extra: list[float] | None = None
 
     # -- estimates ----------------------------------------------------------------------------
@@ -140,19 +155,51 @@ class Goodput(KPolicy):
               weights: Sequence[float] | None = None, share: float = 1.0) -> dict[int, float]:
         """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
 
-        ``share`` scales what the proposals bring (the share of rows expected to get one).
-        Plain Python on purpose: it runs every step, for a handful of rows and K values.
+        ``share`` < 1 prices a step before the proposer has run: each row gets its proposal
+        with chance ``share``, and when no row gets one the step runs at the cheapest K. Plain
+        Python on purpose: it runs every step, for a handful of rows and K values.
         """
         extra = self.expected_extra()
         if weights is None or len(weights) != len(proposal_counts):
             weights = [1.0] * len(proposal_counts)
         base = sum(weights)
+        costs = {k: self.step_cost(k) for k in self.ks}
+        low = min(costs, key=lambda k: (costs[k], k))
+        low_cost = costs[low]
+        some = 1.0 - (1.0 - share) ** len(proposal_counts)  # chance that any row proposes
         out = {}
         for k in self.ks:
             tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
-            cost = self.verify_s[k] + self.host_s + (extra_propose_s if k else 0.0)
+            cost = costs[k]
+            if k != low:
+                cost = some * cost + (1.0 - some) * low_cost + extra_propose_s
             out[k] = tokens / max(cost, 1e-9)
         return out
+
+    def row_weights(self) -> list[float] | None:
+        """How much each row's tokens count this step (None: all alike); see the class docstring."""
+        if self.weights is None and not self.waiting and self.left:
+            most = max(self.left)
+            if most > 0:
+                self.weights = [math.exp((n - most) / self.HORIZON) for n in self.left]
+        return self.weights
+
+    def step_cost(self, k: int) -> float:
+        """Seconds of a step at K when K repeats: the steady verify time plus host time."""
+        return self.verify_s[k] + (self.host_s[k] or 0.0)
+
+    def detour_cost(self, k: int) -> float:
+        """Seconds of a step at K taken by a step without proposals.
+
+        Changing K costs the switch penalty (the extra time of the first step after a change,
+        learned from every change seen), and once more for coming back if the next step has
+        proposals again (as likely as some row getting one).
+        """
+        cost = self.step_cost(k)
+        if k == self.last_k or self.last_k is None:
+            return cost
+        back = 1.0 - (1.0 - self.yield_rate) ** max(len(self.left), 1)
+        return cost + (1.0 + back) * self.penalty_s
 
     def best(self, rates: dict[int, float]) -> int:
         """The K of the highest rate (ties to the smaller K); leaving K = 0 must win by MARGIN."""
@@ -164,57 +211,70 @@ class Goodput(KPolicy):
     # -- the KPolicy protocol -----------------------------------------------------------------
 
     def propose_budget(self, k_max, step):
-        self.probing = False
-        left = step.tokens_left
-        most = max(left, default=0)
-        self.weights = None if step.waiting or most <= 0 else [n / most for n in left]
+        self.left = step.tokens_left
+        self.weights = None
+        self.waiting = step.waiting
         if 0 not in self.ks:
             return k_max
+        self.since_peek += 1
+        peek = self.since_peek >= self.peek_every
+        if peek:
+            self.since_peek = 0
+        elif self.skipping:
+            return 0
         # What full-length proposals could bring from the rows that usually propose, paying
         # the proposer as well.
-        full = [self.ks[-1]] * len(left)
-        best = self.best(self.rates(full, self.propose_s, self.weights, share=self.yield_rate))
-        if best > 0:
-            self.skipped = 0
-            self.probe_every = self.PROBE_FIRST
-            return min(k_max, best)
-        self.skipped += 1
-        if self.skipped >= self.probe_every:
-            self.skipped = 0
-            self.probe_every = min(2 * self.probe_every, self.PROBE_LAST)
-            self.probing = True
-            return min(k_max, self.ks[1]) if len(self.ks) > 1 else 0
-        return 0
+        full = [self.ks[-1]] * len(self.left)
+        best = self.best(self.rates(full, self.propose_s, self.row_weights(), share=self.yield_rate))
+        self.skipping = best == 0
+        return k_max if peek else min(k_max, best)
 
     def choose_k(self, proposal_counts, compiled_ks):
-        ks = sorted(set(compiled_ks))
-        if not ks:
-            raise ValueError("no compiled K to choose from")
-        if ks != self.ks:
-            self.start(ks, max(self.rows, len(proposal_counts)), None)
-        if not any(proposal_counts):  # every K returns one token per row: the cheapest wins
-            return min(ks, key=lambda k: (self.verify_s[k], k))
-        if self.probing:
-            return smallest_covering_k(proposal_counts, ks)
-        return self.best(self.rates(proposal_counts, weights=self.weights))
+        if compiled_ks != self.ks:
+            ks = sorted(set(compiled_ks))
+            if not ks:
+                raise ValueError("no compiled K to choose from")
+            if ks != self.ks:
+                self.start(ks, max(self.rows, len(proposal_counts)), None)
+        self.offered = sum(1 for n in proposal_counts if n) / max(len(proposal_counts), 1)
+        if not self.offered:  # every K returns one token per row: the cheapest wins
+            if self._cheapest is None:
+                self._cheapest = min(self.ks, key=lambda k: (self.detour_cost(k), k))
+            return self._cheapest
+        return self.best(self.rates(proposal_counts, weights=self.row_weights()))
 
     def observe(self, outcome):
         a, k = self.COST_EMA, outcome.k
-        self.verify_s[k] += a * (outcome.verify_s - self.verify_s[k])
+        if k == self.last_k:
+            self.verify_s[k] += a * (outcome.verify_s - self.verify_s[k])
+        elif self.last_k is not None:
+            excess = outcome.verify_s - self.verify_s[k]
+            self.penalty_s += self.PENALTY_EMA * (excess - self.penalty_s)
+        host = self.host_s
+        if host[k] is None:
+            for key in host:  # shapes not run yet start from the first host time seen
+                if host[key] is None:
+                    host[key] = outcome.host_s
+        host[k] += a * (outcome.host_s - host[k])
+        if k != self.last_k or self._steps % 16 == 0:
+            self._cheapest = None  # the cheapest K depends on the last K and drifts slowly
+        self._steps += 1
         self.last_k = k
-        self.host_s += a * (outcome.host_s - self.host_s)
         if outcome.propose_s > 0:
             self.propose_s += a * (outcome.propose_s - self.propose_s)
-            share = sum(1 for n in outcome.proposed if n) / max(len(outcome.proposed), 1)
-            self.yield_rate += self.YIELD_EMA * (share - self.yield_rate)
-        if self.probing and any(outcome.accepted):
-            self.probe_every = self.PROBE_FIRST  # the probe paid: look again soon
-        for proposed, accepted in zip(outcome.proposed, outcome.accepted):
-            if proposed == 0:
-                continue
-            self._extra = None
-            self.tries *= self.DECAY
-            self.hits *= self.DECAY
-            last = min(accepted + 1, proposed)  # positions 1..last were tried
-            self.tries[1 : last + 1] += 1.0
-            self.hits[1 : accepted + 1] += 1.0
+            self.yield_rate += self.YIELD_EMA * (self.offered - self.yield_rate)
+            # A peek costs the proposer and about a step's host work (scoring, estimates).
+            low = self.ks[0]
+            peek_s = self.propose_s + (host[low] or 0.0)
+            every = peek_s / max(self.PEEK_SHARE * (self.verify_s[low] + (host[low] or 0.0)), 1e-9)
+            self.peek_every = int(min(max(every, self.PEEK_MIN), self.PEEK_MAX))
+        if outcome.scored:
+            fade = self.DECAY ** len(outcome.scored)
+            tries = [t * fade for t in self.tries]
+            hits = [h * fade for h in self.hits]
+            for checked, matched in outcome.scored:
+                for j in range(1, checked + 1):
+                    tries[j] += 1.0
+                for j in range(1, matched + 1):
+                    hits[j] += 1.0
+            self.tries, self.hits, self._extra = tries, hits, None

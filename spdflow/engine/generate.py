@@ -95,6 +95,8 @@ class _Live:
     generated: int = 0
     ttft_s: float = 0.0
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    #: proposals still being scored against the tokens that follow: [start, tokens, matched]
+    shadows: list = field(default_factory=list)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -131,6 +133,8 @@ class Generator:
         self.policy = policy
         #: the K policy only runs (start/budget/choose/observe) when there is a proposer
         self._policy_runs = proposer is not None and policy is not None
+        #: score every proposal against the tokens the target goes on to emit (StepOutcome.scored)
+        self._scoring = self._policy_runs and bool(getattr(policy, "wants_scores", False))
         self.acceptor = acceptor
         self.trace = trace or (lambda record: None)
         self.on_tokens = on_tokens or (lambda n: None)
@@ -255,6 +259,10 @@ class Generator:
         proposals, propose_s = self._propose(active, k_max)
         counts = [len(p.tokens) for p in proposals]
         k = self._choose_k(counts)
+        if self._scoring:
+            for live, proposal in zip(active, proposals):
+                if len(proposal.tokens):
+                    live.shadows.append([live.length, proposal.tokens.tolist(), 0])
         ids, pos = self._ids[k], self._pos[k]
         ids.fill(cfg.pad_token_id)
         pos.fill(-1)
@@ -281,17 +289,48 @@ class Generator:
         proposed = tuple(len(row.proposal.tokens) for row in rows)
         n_accepted = tuple(len(tokens) - 1 for tokens in accepted)
         trace_rows = []
+        scored: list[tuple[int, int]] = []
         for live, tokens, n_prop, n_acc in zip(active, accepted, proposed, n_accepted):
             emitted = self._append(live, tokens, slots, results)
+            if live.shadows:
+                self._score(live, slots[live.slot] is not live, scored)
             trace_rows.append({"request": live.request.index, "slot": live.slot, "proposed": n_prop,
                                "accepted": n_acc, "emitted": emitted})
         self.step_count += 1
         end = time.perf_counter()
         host_s = max(0.0, end - step_start - propose_s - verify_s)
         if self._policy_runs:
-            self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s))
+            self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s,
+                                                     tuple(scored)))
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
                     "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
+
+    @staticmethod
+    def _score(live: _Live, finished: bool, out: list) -> None:
+        """Compare the row's open proposals with the tokens it now holds; close the decided ones.
+
+        A proposal made when the row held n tokens guessed tokens n, n+1, ...; it is decided at
+        its first mismatch (``(matched + 1, matched)``: matched + 1 positions checked) or when
+        every token matched. When the request ends first, the positions seen so far are
+        reported (``(matched, matched)``). Verified positions score exactly as the acceptor
+        decided: accepted tokens are the proposal's own and a correction never equals the
+        rejected proposal.
+        """
+        buffer, length, still_open = live.buffer, live.length, []
+        for shadow in live.shadows:
+            start, tokens, matched = shadow
+            seen = min(len(tokens), length - start)
+            while matched < seen and buffer[start + matched] == tokens[matched]:
+                matched += 1
+            if matched < seen:
+                out.append((matched + 1, matched))
+            elif matched == len(tokens) or finished:
+                if matched:
+                    out.append((matched, matched))
+            else:
+                shadow[2] = matched
+                still_open.append(shadow)
+        live.shadows = still_open
 
     def _budget(self, active: list[_Live], waiting: int) -> int:
         """The K policy's proposal budget for this step, within 0..max K."""

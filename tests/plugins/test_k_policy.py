@@ -69,9 +69,10 @@ def goodput(costs, rows=1):
 def feed(policy, k, proposed, accepted, steps, verify_s=None):
     """``steps`` steps at K = k where every row proposed ``proposed`` and had ``accepted`` accepted."""
     rows = policy.rows
+    scored = ((min(accepted + 1, proposed), accepted),) * rows
     for _ in range(steps):
         policy.observe(StepOutcome(k, (proposed,) * rows, (accepted,) * rows,
-                                   policy.verify_s[k] if verify_s is None else verify_s, 0.0, 0.0))
+                                   policy.verify_s[k] if verify_s is None else verify_s, 0.0, 0.0, scored))
 
 
 def context(rows=1, left=100, waiting=0):
@@ -105,15 +106,35 @@ def test_goodput_weighs_acceptance_against_the_measured_cost_of_each_k():
         assert policy.choose_k([7], KS) == expected, costs
 
 
-def test_goodput_probes_with_backoff_while_speculation_cannot_pay():
+def test_goodput_peeks_at_the_proposer_while_speculation_cannot_pay():
     policy = goodput({0: 1.0, 2: 1.6, 4: 2.1, 7: 3.0})
     feed(policy, 7, 7, 0, steps=50)
-    budgets = [policy.propose_budget(7, context()) for _ in range(16 + 32 + 64)]
-    probes = [i for i, b in enumerate(budgets) if b]
-    assert probes == [15, 47, 111]  # after 16 skipped steps, then 32, then 64
-    assert all(budgets[i] == 2 for i in probes)  # the cheapest K > 0
+    # The proposer takes 5 % of a K = 0 step: peeking every 5 steps spends 1 % of the run.
+    policy.choose_k([7], KS)
+    policy.propose_s = 0.05
+    policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
+    assert policy.peek_every == 5
+    budgets = [policy.propose_budget(7, context()) for _ in range(20)]
+    assert [i for i, b in enumerate(budgets) if b] == [4, 9, 14, 19]
+    assert all(budgets[i] == 7 for i in (4, 9, 14, 19))  # a peek drafts everything
+    assert policy.choose_k([7], KS) == 0  # ... and the proposal is scored, not verified
+    # A cheap proposer is peeked at every PEEK_MIN steps, a dear one at most every PEEK_MAX.
+    for propose_s, every in [(0.0001, Goodput.PEEK_MIN), (100.0, Goodput.PEEK_MAX)]:
+        policy.propose_s = propose_s
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, propose_s, 0.0))
+        assert policy.peek_every == every
+
+
+def test_goodput_leaves_skipping_when_peeked_proposals_would_have_held():
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+    feed(policy, 7, 7, 0, steps=200)
     policy.propose_budget(7, context())
-    assert policy.choose_k([0], KS) == 0
+    assert policy.skipping
+    # K = 0 steps whose peeked 7-token proposals all matched what the target then generated.
+    for _ in range(200):
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.0, 0.0, ((7, 7),)))
+    budgets = [policy.propose_budget(7, context()) for _ in range(policy.peek_every)]
+    assert budgets[-1] == 7 and not policy.skipping
 
 
 def test_goodput_counts_rows_that_hold_a_static_batch_up():
@@ -137,7 +158,12 @@ def test_goodput_follows_the_verify_and_host_times_steps_really_take():
         policy.observe(StepOutcome(7, (7,), (7,), 2.0, 0.0, 0.1))
     assert policy.verify_s[7] == pytest.approx(2.0, rel=0.01)
     assert policy.verify_s[0] == 1.0  # untouched until K = 0 runs
-    assert policy.host_s == pytest.approx(0.1, rel=0.01)
+    assert policy.host_s[7] == pytest.approx(0.1, rel=0.01)
+    assert policy.host_s[0] == 0.1  # shapes not run yet start from the first host time seen
+    for _ in range(200):
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.0, 0.02))
+    assert policy.host_s[0] == pytest.approx(0.02, rel=0.01)
+    assert policy.host_s[7] == pytest.approx(0.1, rel=0.01)
 
 
 def test_goodput_is_registered_and_asks_for_step_costs():
@@ -152,5 +178,6 @@ def test_goodput_stops_calling_a_proposer_that_returns_nothing():
     policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
     assert policy.propose_budget(7, context()) > 0  # optimistic at first
     for _ in range(60):  # the proposer ran and found nothing, every time
+        policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
     assert policy.propose_budget(7, context()) == 0
