@@ -22,8 +22,8 @@ bench code_synthetic_0.6 recipes/tinycode_varK.yaml --batch-sizes $ENDS \
   --set 'proposer={uses: synthetic, with: {acceptance_rate: 0.6}}'
 # proposals are rare: synthetic that never proposes; prompt lookup on the rare workload at T=1
 bench rare_synthetic_p0  recipes/tinycode_varK.yaml --batch-sizes $ENDS \
-  --set 'proposer={uses: synthetic, with: {proposal_rate: 0.0}}'
-bench rare_prompt_lookup recipes/tinycode_rare.yaml --batch-sizes $ENDS
+  --set 'proposer={uses: synthetic, with: {proposal_rate: 0.0}}' --repeats 5
+bench rare_prompt_lookup recipes/tinycode_rare.yaml --batch-sizes $ENDS --repeats 5
 # ~52M random Llama (make it first), synthetic proposer at three acceptance rates
 python benchmarks/make_50m_model.py >&2
 for a in 0.3 0.6 0.9; do

@@ -76,9 +76,10 @@ class Goodput(KPolicy):
     what repeated steps really take. Changing K costs extra on the first step after the change
     (on the CPU backend each shape is its own session with its own packed weights and buffers,
     so the first run after a switch starts from colder caches). That penalty is learned from
-    every change; it decides steps without any proposal (stay at the last K, or take a
-    cheaper K and, if proposals come back, return: up to twice the penalty), while the choice among proposals uses the
-    steady costs, since a K chosen for proposals tends to be kept. The policy
+    every change. A step without any proposal stays at the last K or takes a cheaper K (one
+    penalty, and another for returning if proposals come back); a step with proposals that
+    leaves the cheapest K pays it once, and again for returning if the next step is likely
+    to have nothing to propose. Changes among the larger K use the steady costs. The policy
     picks ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates
     proposals longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are
     noisy, and a near tie is not worth a switch.
@@ -91,8 +92,8 @@ class Goodput(KPolicy):
     share of rows that recently returned one, beat K = 0, counting the proposer's own time? If
     not, steps skip the proposer. Every ``peek_every`` steps (skipping or not) the proposer
     drafts the full K: these peeks keep the acceptance estimate current at a cost of about
-    ``PEEK_SHARE`` of the run (the interval is the proposer's time over that share of a K = 0
-    step, within ``PEEK_MIN..PEEK_MAX``). So where proposals rarely land, the run costs about
+    ``PEEK_SHARE`` of the run (the interval is the proposer's time plus a step's host time,
+    over that share of a K = 0 step, within ``PEEK_MIN..PEEK_MAX``). So where proposals rarely land, the run costs about
     what no-spec costs.
     """
 
@@ -127,7 +128,7 @@ class Goodput(KPolicy):
         self.last_k: int | None = None
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals
-        self.propose_s = 0.0
+        self.propose_s: float | None = None  # seconds per proposer call, once one was seen
         self.yield_rate = 1.0  # share of rows that return a proposal when the proposer runs
         self.skipping = False
         self.since_peek = 0
@@ -167,6 +168,13 @@ class Goodput(KPolicy):
         low = min(costs, key=lambda k: (costs[k], k))
         low_cost = costs[low]
         some = 1.0 - (1.0 - share) ** len(proposal_counts)  # chance that any row proposes
+        if self.last_k == low:
+            # Leaving the cheapest K costs the switch penalty, and again for coming back when
+            # the next step has nothing to propose.
+            again = 1.0 - (1.0 - self.yield_rate) ** len(proposal_counts)
+            for k in self.ks:
+                if k != low:
+                    costs[k] += (2.0 - again) * self.penalty_s
         out = {}
         for k in self.ks:
             tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
@@ -225,7 +233,7 @@ class Goodput(KPolicy):
         # What full-length proposals could bring from the rows that usually propose, paying
         # the proposer as well.
         full = [self.ks[-1]] * len(self.left)
-        best = self.best(self.rates(full, self.propose_s, self.row_weights(), share=self.yield_rate))
+        best = self.best(self.rates(full, self.propose_s or 0.0, self.row_weights(), share=self.yield_rate))
         self.skipping = best == 0
         return k_max if peek else min(k_max, best)
 
@@ -261,6 +269,8 @@ class Goodput(KPolicy):
         self._steps += 1
         self.last_k = k
         if outcome.propose_s > 0:
+            if self.propose_s is None:
+                self.propose_s = outcome.propose_s
             self.propose_s += a * (outcome.propose_s - self.propose_s)
             self.yield_rate += self.YIELD_EMA * (self.offered - self.yield_rate)
             # A peek costs the proposer and about a step's host work (scoring, estimates).

@@ -166,6 +166,32 @@ def test_goodput_follows_the_verify_and_host_times_steps_really_take():
     assert policy.host_s[7] == pytest.approx(0.1, rel=0.01)
 
 
+def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip():
+    def switched(penalty, last_k, yield_rate):
+        policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
+        feed(policy, 7, 7, 7, steps=20)  # proposals hold well
+        policy.penalty_s, policy.last_k, policy.yield_rate = penalty, last_k, yield_rate
+        policy.propose_budget(7, context())
+        return policy
+
+    # A lone proposal at K = 0 while proposals are rare: going to K = 7 and straight back costs
+    # two penalties, more than the proposal brings.
+    assert switched(0.0, 0, 0.05).choose_k([7], KS) == 7
+    assert switched(3.0, 0, 0.05).choose_k([7], KS) == 0
+    # The same penalty while nearly every step proposes: one switch, then K = 7 is kept.
+    assert switched(3.0, 0, 0.95).choose_k([7], KS) == 7
+    # A step without proposals at K = 7: drop to K = 0 unless the round trip costs more.
+    assert switched(0.0, 7, 0.9).choose_k([0], KS) == 0
+    assert switched(0.6, 7, 0.9).choose_k([0], KS) == 7
+    # Penalties are learned from the first step after each change.
+    policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
+    for _ in range(100):  # every step is a change, each 0.5 s slower than steady
+        policy.observe(StepOutcome(0, (0,), (0,), 1.5, 0.0, 0.0))
+        policy.observe(StepOutcome(7, (7,), (7,), 2.5, 0.0, 0.0))
+    assert policy.penalty_s == pytest.approx(0.5, rel=0.01)
+    assert policy.verify_s == {0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0}  # steady costs untouched
+
+
 def test_goodput_is_registered_and_asks_for_step_costs():
     registration = get_plugin_manager().registry()["k_policy"]["goodput"]
     policy = registration.factory()
