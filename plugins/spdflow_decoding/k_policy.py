@@ -27,6 +27,11 @@ def smallest_covering_k(proposal_counts: Sequence[int], compiled_ks: Sequence[in
     return ks[-1]
 
 
+def any_proposes(share: float, rows: int) -> float:
+    """The chance that at least one of ``rows`` rows gets a proposal, each with chance ``share``."""
+    return 1.0 - (1.0 - share) ** rows
+
+
 class SmallestCovering(KPolicy):
     """varK: the smallest compiled K that verifies every proposal of the step."""
 
@@ -167,11 +172,11 @@ class Goodput(KPolicy):
         costs = {k: self.step_cost(k) for k in self.ks}
         low = min(costs, key=lambda k: (costs[k], k))
         low_cost = costs[low]
-        some = 1.0 - (1.0 - share) ** len(proposal_counts)  # chance that any row proposes
+        some = any_proposes(share, len(proposal_counts))
         if self.last_k == low:
             # Leaving the cheapest K costs the switch penalty, and again for coming back when
             # the next step has nothing to propose.
-            again = 1.0 - (1.0 - self.yield_rate) ** len(proposal_counts)
+            again = any_proposes(self.yield_rate, len(proposal_counts))
             for k in self.ks:
                 if k != low:
                     costs[k] += (2.0 - again) * self.penalty_s
@@ -206,7 +211,7 @@ class Goodput(KPolicy):
         cost = self.step_cost(k)
         if k == self.last_k or self.last_k is None:
             return cost
-        back = 1.0 - (1.0 - self.yield_rate) ** max(len(self.left), 1)
+        back = any_proposes(self.yield_rate, max(len(self.left), 1))
         return cost + (1.0 + back) * self.penalty_s
 
     def best(self, rates: dict[int, float]) -> int:
