@@ -82,9 +82,10 @@ class Goodput(KPolicy):
     (on the CPU backend each shape is its own session with its own packed weights and buffers,
     so the first run after a switch starts from colder caches). That penalty is learned from
     every change. A step without any proposal stays at the last K or takes a cheaper K (one
-    penalty, and another for returning if proposals come back); a step with proposals that
-    leaves the cheapest K pays it once, and again for returning if the next step is likely
-    to have nothing to propose. Changes among the larger K use the steady costs. The policy
+    penalty, and another for returning if proposals come back). Leaving the cheapest K for a
+    step with proposals pays the penalty to leave and again to come back, shared over the
+    steps a run of proposals is expected to last: ``1 / (1 - run_on)``, where ``run_on`` is
+    the learned chance that a step with proposals is followed by another. Changes among the larger K use the steady costs. The policy
     picks ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates
     proposals longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are
     noisy, and a near tie is not worth a switch.
@@ -95,7 +96,9 @@ class Goodput(KPolicy):
 
     Before the proposer runs, ``propose_budget`` asks: would full-length proposals, from the
     share of rows that recently returned one, beat K = 0, counting the proposer's own time? If
-    not, steps skip the proposer. Every ``peek_every`` steps (skipping or not) the proposer
+    not, steps skip the proposer, but only once the estimate rests on ``EVIDENCE`` scored
+    proposals (or ``4 * EVIDENCE`` proposer calls, for proposers that rarely return one): the
+    prior alone must not stop the proposer, since while it is skipped only peeks teach. Every ``peek_every`` steps (skipping or not) the proposer
     drafts the full K: these peeks keep the acceptance estimate current at a cost of about
     ``PEEK_SHARE`` of the run (the interval is the proposer's time plus a step's host time,
     over that share of a K = 0 step, within ``PEEK_MIN..PEEK_MAX``). So where proposals rarely land, the run costs about
@@ -116,6 +119,7 @@ class Goodput(KPolicy):
     PEEK_MIN, PEEK_MAX = 4, 256
     HORIZON = 8.0
     MARGIN = 0.1
+    EVIDENCE = 8
 
     def __init__(self):
         self.start([0], 1, None)
@@ -136,12 +140,15 @@ class Goodput(KPolicy):
         self.propose_s: float | None = None  # seconds per proposer call, once one was seen
         self.yield_rate = 1.0  # share of rows that return a proposal when the proposer runs
         self.skipping = False
+        self.calls = 0  # proposer calls seen
         self.since_peek = 0
         self.peek_every = self.PEEK_MIN
         self.left: tuple[int, ...] = ()  # tokens left per row, from the last propose_budget
         self.waiting = 0
         self.weights: list[float] | None = None
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
+        self.run_on = 0.5  # chance that a step with a proposal is followed by another
+        self._had_some = False  # the last step ran the proposer and some row proposed
         self._extra: list[float] | None = None
 
     # -- estimates ----------------------------------------------------------------------------
@@ -174,12 +181,11 @@ class Goodput(KPolicy):
         low_cost = costs[low]
         some = any_proposes(share, len(proposal_counts))
         if self.last_k == low:
-            # Leaving the cheapest K costs the switch penalty, and again for coming back when
-            # the next step has nothing to propose.
-            again = any_proposes(self.yield_rate, len(proposal_counts))
+            # Leaving the cheapest K costs the switch penalty now and again when proposals run
+            # out; each step of the run they are expected to last carries its share of both.
             for k in self.ks:
                 if k != low:
-                    costs[k] += (2.0 - again) * self.penalty_s
+                    costs[k] += 2.0 * (1.0 - self.run_on) * self.penalty_s
         out = {}
         for k in self.ks:
             tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
@@ -239,8 +245,9 @@ class Goodput(KPolicy):
         # the proposer as well.
         full = [self.ks[-1]] * len(self.left)
         best = self.best(self.rates(full, self.propose_s or 0.0, self.row_weights(), share=self.yield_rate))
-        self.skipping = best == 0
-        return k_max if peek else min(k_max, best)
+        settled = self.tries[1] >= self.EVIDENCE or self.calls >= 4 * self.EVIDENCE
+        self.skipping = best == 0 and settled
+        return k_max if peek or not settled else min(k_max, best)
 
     def choose_k(self, proposal_counts, compiled_ks):
         if compiled_ks != self.ks:
@@ -277,12 +284,19 @@ class Goodput(KPolicy):
             if self.propose_s is None:
                 self.propose_s = outcome.propose_s
             self.propose_s += a * (outcome.propose_s - self.propose_s)
+            self.calls += 1
             self.yield_rate += self.YIELD_EMA * (self.offered - self.yield_rate)
+            some = self.offered > 0
+            if self._had_some:
+                self.run_on += self.YIELD_EMA * (some - self.run_on)
+            self._had_some = some
             # A peek costs the proposer and about a step's host work (scoring, estimates).
             low = self.ks[0]
             peek_s = self.propose_s + (host[low] or 0.0)
             every = peek_s / max(self.PEEK_SHARE * (self.verify_s[low] + (host[low] or 0.0)), 1e-9)
             self.peek_every = int(min(max(every, self.PEEK_MIN), self.PEEK_MAX))
+        else:
+            self._had_some = False
         if outcome.scored:
             fade = self.DECAY ** len(outcome.scored)
             tries = [t * fade for t in self.tries]

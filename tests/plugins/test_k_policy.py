@@ -167,18 +167,19 @@ def test_goodput_follows_the_verify_and_host_times_steps_really_take():
 
 
 def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip():
-    def switched(penalty, last_k, yield_rate):
+    def switched(penalty, last_k, rate):
         policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
         feed(policy, 7, 7, 7, steps=20)  # proposals hold well
-        policy.penalty_s, policy.last_k, policy.yield_rate = penalty, last_k, yield_rate
+        policy.penalty_s, policy.last_k = penalty, last_k
+        policy.yield_rate = policy.run_on = rate
         policy.propose_budget(7, context())
         return policy
 
-    # A lone proposal at K = 0 while proposals are rare: going to K = 7 and straight back costs
-    # two penalties, more than the proposal brings.
+    # A lone proposal at K = 0 (proposals rarely follow one another): going to K = 7 and
+    # straight back costs two penalties, more than the proposal brings.
     assert switched(0.0, 0, 0.05).choose_k([7], KS) == 7
     assert switched(3.0, 0, 0.05).choose_k([7], KS) == 0
-    # The same penalty while nearly every step proposes: one switch, then K = 7 is kept.
+    # The same penalty while proposals come in long runs: shared by the run, K = 7 pays.
     assert switched(3.0, 0, 0.95).choose_k([7], KS) == 7
     # A step without proposals at K = 7: drop to K = 0 unless the round trip costs more.
     assert switched(0.0, 7, 0.9).choose_k([0], KS) == 0
@@ -207,3 +208,45 @@ def test_goodput_stops_calling_a_proposer_that_returns_nothing():
         policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
     assert policy.propose_budget(7, context()) == 0
+
+
+def test_goodput_learns_how_long_runs_of_proposals_last():
+    def run(pattern, repeat=30):
+        policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
+        for offered in pattern * repeat:
+            policy.choose_k([7 if offered else 0], KS)
+            policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
+        return policy.run_on
+
+    assert run([1]) > 0.95  # every step proposes: a run goes on
+    assert run([1, 0]) < 0.05  # proposals never follow one another
+    assert run([1, 1, 1, 0]) == pytest.approx(2 / 3, abs=0.1)
+    # Steps that skip the proposer say nothing about runs.
+    policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
+    for _ in range(30):
+        policy.choose_k([7], KS)
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
+        policy.choose_k([0], KS)
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.0, 0.0))
+    assert policy.run_on == 0.5
+
+
+def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
+    # Verifying is dear: with the prior acceptance alone, speculation would not pay.
+    policy = goodput({0: 1.0, 2: 2.5, 4: 3.0, 7: 3.5})
+    assert policy.best(policy.rates([7], share=1.0)) == 0
+    for _ in range(Goodput.EVIDENCE - 1):  # too few scored proposals to settle on skipping
+        assert policy.propose_budget(7, context()) > 0
+        policy.choose_k([7], KS)
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0, ((1, 0),)))
+    policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0, ((1, 0), (1, 0))))
+    assert policy.propose_budget(7, context()) == 0  # now the evidence says skip
+    assert policy.skipping
+    # A proposer that never proposes is settled by its calls instead.
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+    budgets = []
+    for _ in range(4 * Goodput.EVIDENCE + 2):
+        budgets.append(policy.propose_budget(7, context()))
+        policy.choose_k([0], KS)
+        policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
+    assert all(budgets[: 4 * Goodput.EVIDENCE]) and budgets[-1] == 0
