@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spdflow.api import AcceptRow, Proposal, ProposeInput, Request, Sampling, StepContext, StepOutcome
+from spdflow.api import AcceptRow, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext, StepOutcome
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
@@ -42,6 +42,7 @@ def check_prompts(requests: Sequence[Request], ctx_len: int) -> None:
 
 #: measured verify seconds per K, per session: {session: {(rows, ks): {k: seconds}}}
 _STEP_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_NO_PROPOSAL = Proposal.empty()  # shared: the engine never changes a proposal in place
 
 
 def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
@@ -128,6 +129,8 @@ class Generator:
         self.cfg = config
         self.proposer = proposer
         self.proposer_name = proposer_name
+        #: tell the proposer what was accepted only if it listens (the base method does nothing)
+        self._tell_accepted = getattr(type(proposer), "on_accepted", None) is not Proposer.on_accepted
         #: who to blame in errors, e.g. "plugin 'spdflow_proposers' 0.1.0"
         self.proposer_plugin = proposer_plugin
         self.policy = policy
@@ -255,8 +258,10 @@ class Generator:
         step_start = time.perf_counter()
         active = [live for live in slots if live is not None]
         budget = self._budget(active, waiting)
-        k_max = {live.slot: min(budget, self._k_max(live)) for live in active}
-        proposals, propose_s = self._propose(active, k_max)
+        if budget:
+            proposals, propose_s = self._propose(active, {live.slot: min(budget, self._k_max(live)) for live in active})
+        else:  # no proposer, or the K policy skips it this step
+            proposals, propose_s = [_NO_PROPOSAL] * len(active), 0.0
         counts = [len(p.tokens) for p in proposals]
         k = self._choose_k(counts)
         if self._scoring:
@@ -409,7 +414,7 @@ class Generator:
         live.generated += n
         if reason is None and live.length >= self.cfg.ctx_len:
             reason = "ctx_len"
-        if self.proposer is not None:
+        if self.proposer is not None and self._tell_accepted:
             self._call_proposer("on_accepted", live.slot, tokens)
         self.on_tokens(n)
         if reason is not None:

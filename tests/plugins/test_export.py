@@ -15,6 +15,13 @@ from spdflow.recipe.schema import ModelSpec
 from spdflow.testing.models import make_tiny_model
 from spdflow_onnx import spdflow_export
 from spdflow_onnx.export import load_hf_model
+from spdflow_ort.session import session_options
+
+
+def ort_session(path):
+    # The engine's options: once a test made ORT's process-wide thread pool, every session must use it.
+    return ort.InferenceSession(str(path), sess_options=session_options(None))
+
 
 CTX = 32
 
@@ -115,7 +122,7 @@ def test_export_model_info_has_ids_and_tokenizer(exported):
 
 def test_export_prefill_matches_hf_and_keeps_last_valid_row(exported):
     model, result, _ = exported
-    session = ort.InferenceSession(str(result.onnx_path))
+    session = ort_session(result.onnx_path)
     ids = np.random.default_rng(1).integers(2, 4096, size=(2, 10))
     positions = np.tile(np.arange(10), (2, 1))
     positions[1, 6:] = -1  # row 1 has 6 real tokens, then padding
@@ -131,7 +138,7 @@ def test_export_prefill_matches_hf_and_keeps_last_valid_row(exported):
 
 def test_export_scatters_new_kv_at_positions_and_padding_at_last_slot(exported):
     _, result, _ = exported
-    session = ort.InferenceSession(str(result.onnx_path))
+    session = ort_session(result.onnx_path)
     ids = np.array([[5, 6, 7]])
     positions = np.array([[4, 5, -1]])
     feeds = feeds_for(result.model_info, ids, positions, nlk=1)
@@ -149,7 +156,7 @@ def test_export_continuous_batching_touches_only_batch_index_rows(exported_cb):
     by_name = {v.name: v for v in graph.input}
     assert dims(by_name["past_key.0"])[0] == "full_batch_size"
     assert dims(by_name["batch_index"]) == ["batch_size", 1]
-    session = ort.InferenceSession(str(result.onnx_path))
+    session = ort_session(result.onnx_path)
     feeds = feeds_for(result.model_info, np.array([[9, 10, 11]]), np.array([[0, 1, 2]]), nlk=1,
                       kv_rows=3, batch_index=np.array([[2]]))
     out = session.run(None, feeds)
