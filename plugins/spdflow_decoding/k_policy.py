@@ -84,8 +84,9 @@ class Goodput(KPolicy):
     every change. A step without any proposal stays at the last K or takes a cheaper K (one
     penalty, and another for returning if proposals come back). Leaving the cheapest K for a
     step with proposals pays the penalty to leave and again to come back, shared over the
-    steps a run of proposals is expected to last: ``1 / (1 - run_on)``, where ``run_on`` is
-    the learned chance that a step with proposals is followed by another. Changes among the larger K use the steady costs. The policy
+    steps a run of proposals is expected to last: ``1 / (1 - run_on())``, where ``run_on()``
+    is the chance that a step with proposals is followed by another (counted over recent
+    steps, starting from what independent steps would give: the chance any row proposes). Changes among the larger K use the steady costs. The policy
     picks ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates
     proposals longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are
     noisy, and a near tie is not worth a switch.
@@ -147,7 +148,7 @@ class Goodput(KPolicy):
         self.waiting = 0
         self.weights: list[float] | None = None
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
-        self.run_on = 0.5  # chance that a step with a proposal is followed by another
+        self.follows = [0.0, 0.0]  # fading counts: steps with a proposal seen next, and those with one again
         self._had_some = False  # the last step ran the proposer and some row proposed
         self._extra: list[float] | None = None
 
@@ -185,7 +186,7 @@ class Goodput(KPolicy):
             # out; each step of the run they are expected to last carries its share of both.
             for k in self.ks:
                 if k != low:
-                    costs[k] += 2.0 * (1.0 - self.run_on) * self.penalty_s
+                    costs[k] += 2.0 * (1.0 - self.run_on()) * self.penalty_s
         out = {}
         for k in self.ks:
             tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
@@ -194,6 +195,13 @@ class Goodput(KPolicy):
                 cost = some * cost + (1.0 - some) * low_cost + extra_propose_s
             out[k] = tokens / max(cost, 1e-9)
         return out
+
+    def run_on(self) -> float:
+        """The chance that a step with proposals is followed by another: seen counts, and a
+        prior of ``PRIOR_WEIGHT`` steps at what independent steps would give."""
+        alone = any_proposes(self.yield_rate, max(len(self.left), 1))
+        seen, again = self.follows
+        return (again + self.PRIOR_WEIGHT * alone) / (seen + self.PRIOR_WEIGHT)
 
     def row_weights(self) -> list[float] | None:
         """How much each row's tokens count this step (None: all alike); see the class docstring."""
@@ -288,7 +296,8 @@ class Goodput(KPolicy):
             self.yield_rate += self.YIELD_EMA * (self.offered - self.yield_rate)
             some = self.offered > 0
             if self._had_some:
-                self.run_on += self.YIELD_EMA * (some - self.run_on)
+                keep = 1.0 - self.YIELD_EMA
+                self.follows = [self.follows[0] * keep + 1.0, self.follows[1] * keep + some]
             self._had_some = some
             # A peek costs the proposer and about a step's host work (scoring, estimates).
             low = self.ks[0]
