@@ -248,7 +248,8 @@ class Proposer:
     The engine calls, for each request: ``add_request`` when it takes a slot, then every
     step ``propose`` (batched over active slots) and ``on_accepted`` with the tokens the step
     appended (also on K = 0 steps and on the prefill's first token), and ``remove_request`` when
-    it leaves the slot.
+    it leaves the slot. ``propose`` is not called on steps whose K policy budget is 0, and
+    ``on_accepted`` only when the proposer overrides it (the base method does nothing).
     """
 
     name: str = ""
