@@ -86,7 +86,8 @@ class Goodput(KPolicy):
     step with proposals pays the penalty to leave and again to come back, shared over the
     steps a run of proposals is expected to last: ``1 / (1 - run_on())``, where ``run_on()``
     is the chance that a step with proposals is followed by another (counted over recent
-    steps, starting from what independent steps would give: the chance any row proposes). Changes among the larger K use the steady costs. The policy
+    steps, starting from what independent steps would give: the chance any row proposes).
+    Changes among the larger K use the steady costs. The policy
     picks ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates
     proposals longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are
     noisy, and a near tie is not worth a switch.
@@ -99,7 +100,8 @@ class Goodput(KPolicy):
     share of rows that recently returned one, beat K = 0, counting the proposer's own time? If
     not, steps skip the proposer, but only once the estimate rests on ``EVIDENCE`` scored
     proposals (or ``4 * EVIDENCE`` proposer calls, for proposers that rarely return one): the
-    prior alone must not stop the proposer, since while it is skipped only peeks teach. Every ``peek_every`` steps (skipping or not) the proposer
+    prior alone must not stop the proposer, since while it is skipped only peeks teach. Every
+    ``peek_every`` steps (skipping or not) the proposer
     drafts the full K: these peeks keep the acceptance estimate current at a cost of about
     ``PEEK_SHARE`` of the run (the interval is the proposer's time plus a step's host time,
     over that share of a K = 0 step, within ``PEEK_MIN..PEEK_MAX``). So where proposals rarely land, the run costs about
@@ -148,7 +150,8 @@ class Goodput(KPolicy):
         self.waiting = 0
         self.weights: list[float] | None = None
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
-        self.follows = [0.0, 0.0]  # fading counts: steps with a proposal seen next, and those with one again
+        # Fading counts: steps with a proposal whose next step was seen, and those that proposed again.
+        self.follows = [0.0, 0.0]
         self._had_some = False  # the last step ran the proposer and some row proposed
         self._extra: list[float] | None = None
 

@@ -54,7 +54,7 @@ class SyntheticProposer(Proposer):
         self.references: dict[int, np.ndarray] = {}
 
     def add_request(self, slot: int, request: Request) -> None:
-        # The slot's generator is made at its first proposal (making one costs ~0.1 ms), seeded
+        # The slot's generator is made at its first proposal (making one costs a fraction of a ms), seeded
         # by the request, not the slot, so a request's proposals do not depend on its batch.
         self.rngs.pop(slot, None)
         self.references.pop(slot, None)

@@ -130,7 +130,7 @@ class Generator:
         self.proposer = proposer
         self.proposer_name = proposer_name
         #: tell the proposer what was accepted only if it listens (the base method does nothing)
-        self._tell_accepted = getattr(type(proposer), "on_accepted", None) is not Proposer.on_accepted
+        self._tell_accepted = proposer is not None and getattr(type(proposer), "on_accepted", None) is not Proposer.on_accepted
         #: who to blame in errors, e.g. "plugin 'spdflow_proposers' 0.1.0"
         self.proposer_plugin = proposer_plugin
         self.policy = policy
@@ -414,7 +414,7 @@ class Generator:
         live.generated += n
         if reason is None and live.length >= self.cfg.ctx_len:
             reason = "ctx_len"
-        if self.proposer is not None and self._tell_accepted:
+        if self._tell_accepted:
             self._call_proposer("on_accepted", live.slot, tokens)
         self.on_tokens(n)
         if reason is not None:
