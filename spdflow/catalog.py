@@ -105,6 +105,20 @@ FINDINGS: tuple[CatalogEntry, ...] = (
           "Add the missing K to num_speculative_tokens (nospec needs 0).", error=True),
     _lint("SPD106", "k_policy 'fixed' only runs K=<k>; the other shapes of <list> are compiled for nothing",
           "The fixed policy only uses the largest K.", "Compile only that K, or use smallest_covering."),
+    _lint("SPD107", "prompt file '<path>' does not exist / cannot be read / is binary / is not UTF-8 text / holds no prompts",
+          "workload.file (resolved against the recipe's folder) cannot give prompts; found before any export.",
+          "Fix the path or the file; .txt takes one prompt per line, .jsonl a 'prompt' per object.", error=True),
+    _lint("SPD108", "workload.count is <n> but workload.<file|prompts> has <m> prompts; the run uses <m>",
+          "The run would silently take fewer prompts than asked for.", "Lower workload.count or add prompts."),
+    _lint("SPD109", "prompt <i> / line <n> of <file> has <t> tokens but ctx_len <c> leaves room for <c-1> / is empty",
+          "A prompt does not fit in the KV cache (the target's own tokenizer counts it), or is empty.",
+          "Raise specialization.ctx_len or shorten the prompt.", error=True),
+    CatalogEntry("SPD110", "lint note", 0, "prompt lengths not checked against ctx_len: <why>",
+                 "No tokenizer.json of the target model is on this machine, so lengths are checked only when the run starts.",
+                 "Nothing to fix; a note never fails lint, not even with --strict."),
+    _lint("SPD111", "model '<id>' is not a directory / is not in the local Hugging Face cache / has no config.json",
+          "model.id, or a proposer's proposer.with.model, names no model on this machine (spdflow never downloads).",
+          "Point the key named in the hint at a local HF folder, or put the model in the local HF cache.", error=True),
 )
 
 RUNTIME: tuple[CatalogEntry, ...] = (
@@ -124,9 +138,12 @@ RUNTIME: tuple[CatalogEntry, ...] = (
                  "draft model '<id>' has vocab <n> but target '<name>' has <m> / ... have different tokenizers",
                  "The draft_model proposer's model cannot propose tokens of the target's vocabulary.",
                  "Use a draft of the target's model family (the same tokenizer)."),
-    CatalogEntry("run.preflight", "StageError", 1, "cannot run this recipe here: <one line per missing thing>",
-                 "Before any work, the model or the backend's runtime is missing on this machine.",
-                 "Fix each listed item; `--dry-run` shows the plan, `--compile-only` builds without running."),
+    CatalogEntry("run.preflight", "PreflightError", 1,
+                 "cannot run this recipe here (<n> problems, found before any export) / "
+                 "`spdflow run` would stop before any export: <n> problem(s) (--dry-run)",
+                 "The preflight checks (the SPD1xx errors above, plus SPD104 unless --compile-only) failed; each is "
+                 "printed as path:line:col before the message. Nothing was exported or written.",
+                 "Fix each listed finding; `spdflow lint` shows the same checks."),
     CatalogEntry("run.model-not-found", "ModelNotFoundError", 1,
                  "model '<id>' is not a directory (relative paths are resolved against '<recipe folder>') / "
                  "is not in the local Hugging Face cache and spdflow does not download / model directory '<dir>' has no config.json",

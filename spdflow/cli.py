@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from spdflow import __version__
-from spdflow.errors import RecipeError, SpdflowError
+from spdflow.errors import SpdflowError
 
 EXIT_CODES = {0: "ok", 1: "run failed or lint findings", 2: "usage error", 3: "invalid recipe",
               4: "plugin fault", 130: "interrupted (Ctrl-C)"}
@@ -28,9 +28,8 @@ def _verbose() -> bool:
 
 def report_error(exc: SpdflowError) -> None:
     """One sentence (plus located findings and a hint) on stderr."""
-    if isinstance(exc, RecipeError) and exc.findings:
-        for finding in exc.findings:
-            click.echo(finding.render(), err=True)
+    for finding in getattr(exc, "findings", None) or []:
+        click.echo(finding.render(), err=True)
     click.echo(f"Error: {exc.message}", err=True)
     if exc.hint:
         click.echo(f"Hint: {exc.hint}", err=True)
@@ -119,11 +118,21 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
     options = RunOptions(force=force, from_stage=from_stage, dry_run=dry_run, compile_only=compile_only,
                          check_lossless=check_lossless, report_path=report_path)
     if dry_run:
-        click.echo(dry_run_plan(pm, loaded, options))
+        text, blockers = dry_run_plan(pm, loaded, options)
+        click.echo(text)
+        if blockers:
+            from spdflow.errors import PreflightError
+
+            raise PreflightError(f"`spdflow run` would stop before any export: {len(blockers)} problem(s)",
+                                 findings=blockers, hint="fix them, then run without --dry-run")
         return
     report = run_recipe(pm, loaded, options, quiet=quiet)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
+
+
+def _codes(values: tuple[str, ...]) -> list[str]:
+    return [code.strip().upper() for value in values for code in value.split(",") if code.strip()]
 
 
 @cli.command()
@@ -131,14 +140,31 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
 @set_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "github"]), default="text", show_default=True)
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
-def lint(paths, overrides, fmt, strict):
-    """Check recipes (files, directories, globs): schema errors and semantic rules.
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Skip paths matching GLOB (whole path or any folder/file name). Repeatable.")
+@click.option("--select", multiple=True, metavar="CODES", help="Report only these codes or prefixes (e.g. SPD1,SPD034).")
+@click.option("--ignore", multiple=True, metavar="CODES", help="Do not report these codes or prefixes (e.g. SPD104).")
+@click.option("--recipe-glob", multiple=True, metavar="GLOB",
+              help="In directories, files matching GLOB are recipes whatever their content. Repeatable.")
+@click.option("--recipes-only", is_flag=True,
+              help="Skip named files that do not look like recipes too (for pre-commit, which passes every YAML file).")
+@click.option("--no-gitignore", is_flag=True, help="Also walk into what git ignores.")
+def lint(paths, overrides, fmt, strict, exclude, select, ignore, recipe_glob, recipes_only, no_gitignore):
+    """Check recipes (files, directories, globs): schema errors, semantic rules, and the preflight
+    checks `run` does before any export (models, prompt files and lengths, shapes, backend).
+
+    \b
+    A directory is walked for files that look like recipes (a top-level `version:` and another
+    recipe key, or --recipe-glob), skipping what git ignores. A finding is silenced on its line
+    with `# spdflow: noqa SPD104`, in the whole file with `# spdflow: noqa-file SPD104`.
 
     Exit 0 clean (warnings allowed unless --strict), 1 findings, 3 unreadable or invalid recipe.
     """
     from spdflow import lint as linting
 
-    result = linting.lint_paths(list(paths), _pm(), list(overrides))
+    options = linting.LintOptions(exclude=list(exclude), select=_codes(select), ignore=_codes(ignore),
+                                  recipe_globs=list(recipe_glob), recipes_only=recipes_only, gitignore=not no_gitignore)
+    result = linting.lint_paths(list(paths), _pm(), list(overrides), options)
     text = linting.render(result, fmt)
     if text:
         click.echo(text)

@@ -45,6 +45,15 @@ class StageError(SpdflowError):
     exit_code = 1
 
 
+class PreflightError(StageError):
+    """Checks before any export found problems (missing model or prompt file, prompt too long,
+    uncovered shapes, backend not runnable); carries them as located findings."""
+
+    def __init__(self, message: str, *, findings=None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.findings = list(findings or [])
+
+
 class BackendUnavailableError(StageError):
     """The backend's runtime or compiler is not installed on this machine."""
 

@@ -6,12 +6,16 @@ This module must not import torch, transformers or onnxruntime: lint runs in CI.
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from spdflow.preflight import preflight
 from spdflow.recipe.loader import LoadedRecipe, read_recipe
 from spdflow.recipe.yamlsource import Finding, Location
 
@@ -96,12 +100,13 @@ def rule_fixed_policy_wastes_shapes(loaded: LoadedRecipe, pm) -> list[Finding]:
                   f"set num_speculative_tokens: {max(ks)} or use k_policy: smallest_covering")]
 
 
+#: Rules about the recipe text alone. The checks against files and this machine (models, prompt
+#: files and lengths, shape coverage SPD105, backend SPD104) are ``spdflow.preflight``'s, shared
+#: with ``run`` and ``--dry-run``; lint runs both.
 RULES: tuple[Callable[[LoadedRecipe, object], list[Finding]], ...] = (
     rule_k_list_sorted,
     rule_k_list_unique,
     rule_k0_when_proposer_may_be_empty,
-    rule_backend_available,
-    rule_shape_coverage,
     rule_fixed_policy_wastes_shapes,
 )
 
@@ -111,58 +116,241 @@ def _warn(loaded: LoadedRecipe, path: tuple, code: str, message: str, hint: str)
 
 
 @dataclass
+class LintOptions:
+    """How ``lint`` picks files and findings (the command's flags)."""
+
+    exclude: list[str] = field(default_factory=list)  # globs on the path or any of its folders
+    select: list[str] = field(default_factory=list)  # codes or code prefixes to keep (all when empty)
+    ignore: list[str] = field(default_factory=list)  # codes or code prefixes to drop
+    recipe_globs: list[str] = field(default_factory=list)  # files that are recipes whatever their content
+    recipes_only: bool = False  # also skip named files that do not look like recipes (pre-commit)
+    gitignore: bool = True  # skip what git ignores when walking a directory
+
+
+@dataclass
 class LintResult:
     findings: list[Finding] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     invalid: bool = False
+    suppressed: int = 0  # findings dropped by noqa comments, --select or --ignore
 
     def exit_code(self, strict: bool) -> int:
         if self.invalid:
             return 3
         if any(f.severity == "error" for f in self.findings):
             return 1
-        if strict and self.findings:
+        if strict and any(f.severity == "warning" for f in self.findings):
             return 1
         return 0
 
 
-def expand_paths(patterns: list[str]) -> list[Path]:
-    """Files, directories (their *.yaml/*.yml) and globs, in a stable order, deduplicated."""
+# ------------------------------------------------------------------------------- which files
+
+#: Folders never walked when git cannot say what is ignored.
+_NEVER_WALK = {"__pycache__", "node_modules", "site-packages"}
+
+
+def looks_like_recipe(path: Path) -> bool:
+    """A top-level ``version:`` line plus another top-level key of the recipe schema.
+
+    Read from the raw text, so a recipe with a YAML syntax error is still recognized (and linted)."""
+    from spdflow.recipe.schema import Recipe
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return False
+    keys = set(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*)[ \t]*:", head, flags=re.MULTILINE))
+    known = {info.alias or name for name, info in Recipe.model_fields.items()}
+    return "version" in keys and bool((keys & known) - {"version"})
+
+
+def _git_files(directory: Path) -> list[Path] | None:
+    """Files under ``directory`` that git tracks or would track (ignored ones left out), or None
+    when ``directory`` is not in a git work tree or git is missing."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(directory), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                              "--", "."], capture_output=True, timeout=60, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return [directory / name for name in out.decode("utf-8", "surrogateescape").split("\0") if name]
+
+
+def _gitignore_patterns(directory: Path) -> list[str]:
+    try:
+        lines = (directory / ".gitignore").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return [line.strip() for line in lines if line.strip() and not line.startswith(("#", "!"))]
+
+
+def _walk_files(directory: Path) -> list[Path]:
+    """Without git: every file, skipping hidden folders (.venv, .git), caches and the top
+    .gitignore's patterns (a simple reading: name or path globs, trailing / for folders)."""
+    patterns = _gitignore_patterns(directory)
+    found = []
+    for root, dirs, files in os.walk(directory):
+        rel_root = Path(root).relative_to(directory)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NEVER_WALK
+                         and not _gitignored(rel_root / d, patterns, is_dir=True))
+        found += [Path(root) / f for f in sorted(files) if not _gitignored(rel_root / f, patterns, is_dir=False)]
+    return found
+
+
+def _gitignored(rel: Path, patterns: list[str], *, is_dir: bool) -> bool:
+    for pattern in patterns:
+        if pattern.endswith("/") and not is_dir:
+            continue
+        pattern = pattern.rstrip("/")
+        if pattern.startswith("/"):
+            if fnmatch.fnmatch(rel.as_posix(), pattern[1:]):
+                return True
+        elif fnmatch.fnmatch(rel.name, pattern) or fnmatch.fnmatch(rel.as_posix(), pattern):
+            return True
+    return False
+
+
+def is_excluded(path: Path, patterns: list[str]) -> bool:
+    """``--exclude``: a glob on the whole path (as given or relative to the current folder) or on
+    any folder or file name in it."""
+    if not patterns:
+        return False
+    forms = {path.as_posix()}
+    try:
+        forms.add(path.resolve().relative_to(Path.cwd().resolve()).as_posix())
+    except ValueError:
+        pass
+    parts = {part for form in forms for part in Path(form).parts}
+    return any(fnmatch.fnmatch(form, pattern.rstrip("/")) or fnmatch.fnmatch(form, pattern.rstrip("/") + "/*")
+               for pattern in patterns for form in forms) or \
+        any(fnmatch.fnmatch(part, pattern.rstrip("/")) for pattern in patterns for part in parts)
+
+
+def _is_recipe_candidate(path: Path, options: LintOptions) -> bool:
+    if any(fnmatch.fnmatch(path.as_posix(), g) or fnmatch.fnmatch(path.name, g) for g in options.recipe_globs):
+        return True
+    return path.suffix in RECIPE_SUFFIXES and looks_like_recipe(path)
+
+
+def expand_paths(patterns: list[str], options: LintOptions | None = None) -> list[Path]:
+    """Files, directories and globs, in a stable order, deduplicated.
+
+    A directory yields the files under it that look like recipes (see ``looks_like_recipe``, or
+    ``--recipe-glob``), leaving out what git ignores (.venv, runs/ ...). Files and globs named
+    on the command line are linted as given unless ``recipes_only``. ``--exclude`` applies to all.
+    """
+    options = options or LintOptions()
     found: list[Path] = []
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.suffix in RECIPE_SUFFIXES and p.is_file())
-        elif any(ch in pattern for ch in "*?["):
-            found += sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+            listed = _git_files(path) if options.gitignore else None
+            if listed is None:
+                listed = _walk_files(path)
+            found += sorted(p for p in listed if p.is_file() and _is_recipe_candidate(p, options))
         else:
-            found.append(path)
+            if any(ch in pattern for ch in "*?["):
+                named = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+            else:
+                named = [path]
+            found += [p for p in named if not options.recipes_only or (p.is_file() and _is_recipe_candidate(p, options))]
     unique: dict[str, Path] = {}
     for path in found:
-        unique.setdefault(str(path), path)
+        if not is_excluded(path, options.exclude):
+            unique.setdefault(str(path), path)
     return list(unique.values())
 
 
-def lint_paths(patterns: list[str], pm, overrides: list[str] | None = None) -> LintResult:
+# ------------------------------------------------------------------------------- which findings
+
+_NOQA = re.compile(r"#\s*spdflow:\s*noqa(?P<file>-file)?\b:?(?P<codes>(?:[\s,]*[A-Z]+[0-9]+)*)")
+
+
+def noqa_codes(text: str) -> tuple[dict[int, set[str] | None], set[str] | None]:
+    """``# spdflow: noqa SPD104`` comments: {line: codes} and the file-wide codes of
+    ``# spdflow: noqa-file SPD104``; ``None`` as codes means every code."""
+    per_line: dict[int, set[str] | None] = {}
+    per_file: set[str] | None = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        match = _NOQA.search(line)
+        if match is None:
+            continue
+        codes = set(re.findall(r"[A-Z]+[0-9]+", match.group("codes"))) or None
+        if match.group("file"):
+            per_file = None if codes is None or per_file is None else per_file | codes
+        else:
+            per_line[number] = codes
+    return per_line, per_file
+
+
+def _matches(code: str, selectors: list[str]) -> bool:
+    return any(code.startswith(s) for s in selectors)
+
+
+def keep_finding(finding: Finding, options: LintOptions, noqa) -> bool:
+    """False when ``--select``/``--ignore`` or a noqa comment of the finding's file drops it."""
+    if options.select and not _matches(finding.code, options.select):
+        return False
+    if _matches(finding.code, options.ignore):
+        return False
+    per_line, per_file = noqa
+    if per_file is None or _matches(finding.code, sorted(per_file)):
+        return False
+    if finding.location.line in per_line:
+        codes = per_line[finding.location.line]
+        return codes is not None and not _matches(finding.code, sorted(codes))
+    return True
+
+
+def lint_paths(patterns: list[str], pm, overrides: list[str] | None = None, options: LintOptions | None = None) -> LintResult:
     """Lint every recipe the patterns name; findings of all files, in file order."""
+    options = options or LintOptions()
     result = LintResult()
-    files = expand_paths(patterns)
+    files = expand_paths(patterns, options)
     if not files:
-        result.invalid = True
-        result.findings.append(Finding(Location(" ".join(patterns) or "."), "SPD000", "no recipe files found",
-                                       "pass .yaml files, directories or globs"))
+        if not options.recipes_only:
+            result.invalid = True
+            result.findings.append(Finding(Location(" ".join(patterns) or "."), "SPD000", "no recipe files found",
+                                           "pass .yaml files, directories or globs"))
         return result
     for path in files:
         result.files.append(path)
         loaded = read_recipe(path, pm, overrides)
-        if loaded.errors:
+        findings = list(loaded.findings)
+        if not loaded.errors:
+            for rule in RULES:
+                findings += rule(loaded, pm)
+            findings += preflight(loaded, pm)
+        try:
+            noqa = noqa_codes(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            noqa = ({}, set())
+        # noqa comments speak for their own file's lines, not for --set overrides
+        kept = [f for f in findings if keep_finding(f, options, noqa if f.location.source == str(path) else ({}, set()))]
+        result.suppressed += len(findings) - len(kept)
+        result.findings += kept
+        if any(f.severity == "error" and f.code.startswith("SPD0") for f in kept):
             result.invalid = True
-            result.findings += loaded.findings
-            continue
-        result.findings += loaded.findings
-        for rule in RULES:
-            result.findings += rule(loaded, pm)
     return result
+
+
+_LABEL = {"error": "", "warning": "warning: ", "info": "note: "}
+
+
+def github_escape_data(text: str) -> str:
+    """A workflow command's message: ``%``, CR and LF escaped (GitHub's workflow-command rules)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def github_escape_property(text: str) -> str:
+    """A workflow command's property value (file=, title=): also ``:`` and ``,``."""
+    return github_escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def render(result: LintResult, fmt: str) -> str:
@@ -173,14 +361,16 @@ def render(result: LintResult, fmt: str) -> str:
     if fmt == "github":
         lines = []
         for f in result.findings:
-            level = "error" if f.severity == "error" else "warning"
+            level = {"error": "error", "warning": "warning"}.get(f.severity, "notice")
             message = f.message + (f" (hint: {f.hint})" if f.hint else "")
-            message = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-            lines.append(f"::{level} file={f.location.source},line={f.location.line},col={f.location.col},title={f.code}::{message}")
+            props = {"file": f.location.source, "line": f.location.line, "col": f.location.col, "title": f.code}
+            rendered = ",".join(f"{k}={github_escape_property(str(v))}" for k, v in props.items())
+            lines.append(f"::{level} {rendered}::{github_escape_data(message)}")
         return "\n".join(lines)
-    lines = [f.render() if f.severity == "error" else f.render().replace(f" {f.code} ", f" {f.code} warning: ", 1)
-             for f in result.findings]
+    lines = [f.render().replace(f" {f.code} ", f" {f.code} {_LABEL.get(f.severity, '')}", 1) for f in result.findings]
     errors = sum(f.severity == "error" for f in result.findings)
-    warnings = len(result.findings) - errors
-    lines.append(f"{len(result.files)} file(s) checked: {errors} error(s), {warnings} warning(s)")
+    warnings = sum(f.severity == "warning" for f in result.findings)
+    notes = len(result.findings) - errors - warnings
+    lines.append(f"{len(result.files)} file(s) checked: {errors} error(s), {warnings} warning(s)"
+                 + (f", {notes} note(s)" if notes else ""))
     return "\n".join(lines)

@@ -12,8 +12,10 @@ class ModelNotFoundError(StageError):
     """The model is neither embedded, a local directory, nor in the local HF cache."""
 
 
-def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None) -> Path:
-    """The local directory of ``model_id``; one sentence when it is not on this machine."""
+def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None, *, key: str = "model.id") -> Path:
+    """The local directory of ``model_id``; one sentence when it is not on this machine.
+
+    ``key`` is the recipe key that names the model (``proposer.with.model`` for a draft), for hints."""
     if model_id.startswith(zoo.PREFIX):
         return zoo.zoo_path(model_id)
     # A relative path means the recipe's folder, never the current directory (DESIGN §6).
@@ -21,7 +23,7 @@ def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None
     if candidate.is_dir():
         if not (candidate / "config.json").is_file():
             raise ModelNotFoundError(f"model directory '{candidate}' has no config.json",
-                                     hint="point model.id at a Hugging Face model folder")
+                                     hint=f"point {key} at a Hugging Face model folder")
         return candidate.resolve()
     cached = _from_hf_cache(model_id, revision)
     if cached is not None:
@@ -29,11 +31,11 @@ def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None
     looks_local = model_id.startswith((".", "/", "~")) or model_id.count("/") != 1
     if looks_local:
         raise ModelNotFoundError(f"model '{model_id}' is not a directory (relative paths are resolved against '{base_dir}')",
-                                 hint="fix model.id, or use spdflow:tinycode-target")
+                                 hint=f"fix {key} (e.g. spdflow:tinycode-target)")
     raise ModelNotFoundError(
         f"model '{model_id}' is not in the local Hugging Face cache and spdflow does not download",
         hint=f"on a machine with network run `hf download {model_id}` (or set HF_HOME to a cache holding it), "
-             "or point model.id at a local directory",
+             f"or point {key} at a local directory",
     )
 
 

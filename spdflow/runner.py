@@ -45,8 +45,12 @@ def _print_summary(ui, engine, report: dict) -> None:
     ui.console.print(f"report: {engine.run_dir / 'report.md'}")
 
 
-def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> str:
-    """The plan as text: stages, specializations, compiled program and compile command; runs nothing."""
+def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> tuple[str, list]:
+    """The plan as text (stages, specializations, compiled program and compile command) and the
+    preflight findings that would stop the run (the backend's absence only noted); runs nothing."""
+    from spdflow.preflight import preflight
+
+    findings = preflight(loaded, pm)
     recipe = loaded.recipe
     shapes = specializations_for(pm, recipe)
     registration = pm.lookup("backend", recipe.devices.backend)
@@ -66,4 +70,13 @@ def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> str:
     reason = backend.unavailable_reason()
     if reason:
         lines.append(f"note: backend '{recipe.devices.backend}' cannot run here: {reason}")
-    return "\n".join(lines)
+    shown = [f for f in findings if f.code != "SPD104"]
+    errors = [f for f in shown if f.severity == "error"]
+    lines.append("preflight: " + ("everything checkable before export is fine" if not shown else
+                                  f"{len(errors)} error(s) (on stderr), {len(shown) - len(errors)} warning(s) or note(s)"))
+    for f in shown:
+        if f.severity == "error":
+            continue
+        label = {"error": "", "warning": "warning: ", "info": "note: "}.get(f.severity, "")
+        lines.append(f"  {f.location.render()}: {f.code} {label}{f.message}")
+    return "\n".join(lines), errors

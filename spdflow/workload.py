@@ -27,16 +27,31 @@ def load_prompts(workload: WorkloadSpec, base_dir: Path, pm) -> list[str]:
 
 def read_prompt_file(path: Path) -> list[str]:
     """One prompt per non-empty line (.txt) or per JSON object with a 'prompt' key (.jsonl)."""
-    if not path.is_file():
+    return [text for _, text in read_prompt_file_lines(path)]
+
+
+def read_prompt_file_lines(path: Path) -> list[tuple[int, str]]:
+    """Like :func:`read_prompt_file`, with each prompt's line number; one sentence per problem."""
+    if not path.exists():
         raise RecipeError(f"prompt file '{path}' does not exist", hint="paths are relative to the recipe's folder")
+    if not path.is_file():
+        raise RecipeError(f"prompt file '{path}' is not a regular file", hint="point workload.file at a .txt or .jsonl file")
     size = path.stat().st_size
     if size > MAX_PROMPT_FILE_BYTES:
         raise RecipeError(f"prompt file '{path}' is {size:,} bytes, over the {MAX_PROMPT_FILE_BYTES:,}-byte limit",
                           hint="split the file or take fewer prompts")
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RecipeError(f"prompt file '{path}' is not UTF-8 text") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(f"prompt file '{path}' cannot be read: {exc.strerror}",
+                          hint="check the file's permissions") from None
+    if b"\0" in raw:
+        raise RecipeError(f"prompt file '{path}' is binary, not text", hint="use a UTF-8 .txt or .jsonl file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"prompt file '{path}' is not UTF-8 text (byte {exc.start})",
+                          hint="save it as UTF-8") from None
     if path.suffix == ".jsonl":
         prompts = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -44,8 +59,8 @@ def read_prompt_file(path: Path) -> list[str]:
                 continue
             try:
                 item = json.loads(line)
-                prompts.append(str(item["prompt"]))
+                prompts.append((number, str(item["prompt"])))
             except (ValueError, KeyError, TypeError):
                 raise RecipeError(f"{path}:{number}: each line must be a JSON object with a 'prompt' key") from None
         return prompts
-    return [line for line in text.splitlines() if line.strip()]
+    return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]

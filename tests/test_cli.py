@@ -87,10 +87,32 @@ def test_broken_plugin_used_by_recipe_exits_4(runner, write_recipe, monkeypatch)
     assert "plugin 'broken-proposer' failed in spdflow_register_proposers: RuntimeError: boom" in result.stderr
 
 
-def test_llama8b_dry_run_prints_plan(runner):
+def _cached_snapshot(hf_home, model_id: str) -> None:
+    """A local HF cache entry for ``model_id`` holding only config.json (enough for preflight)."""
+    repo = hf_home / "hub" / ("models--" + model_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+
+
+def test_llama8b_dry_run_prints_plan(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    _cached_snapshot(tmp_path / "hf", "meta-llama/Llama-3.1-8B-Instruct")
     result = runner.invoke(cli, ["run", str(REPO / "recipes" / "llama8b_varK.yaml"), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "decode   batch_size=4 seq_len=5 ctx_len=4096 num_logits_to_keep=5 full_batch_size=4" in result.stdout
+    assert "note: backend 'qaic' cannot run here" in result.stdout
+
+
+def test_llama8b_dry_run_without_the_weights_prints_the_plan_and_says_what_run_would_miss(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    result = runner.invoke(cli, ["run", str(REPO / "recipes" / "llama8b_varK.yaml"), "--dry-run"])
+    assert result.exit_code == 1
+    assert "specializations (3):" in result.stdout
+    assert "SPD111 model 'meta-llama/Llama-3.1-8B-Instruct' is not in the local Hugging Face cache" in result.stderr
 
 
 def test_llama8b_run_stops_at_once_saying_what_is_missing(runner, tmp_path, monkeypatch):

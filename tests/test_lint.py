@@ -88,3 +88,177 @@ def test_lint_imports_no_ml_framework():
     elapsed = time.perf_counter() - start
     assert "HEAVY=\n" in out, out
     assert elapsed < 10  # generous: the < 1 s target is measured by the lint timing in the README
+
+
+# ------------------------------------------------------------------------------- lint in a real repository
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+import pytest  # noqa: E402
+
+from spdflow.lint import LintOptions, github_escape_property, noqa_codes  # noqa: E402
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def _recipe_like_noise(root):
+    """What a working copy holds besides recipes: a venv, run outputs, other YAML."""
+    bad = "version: 1\nname: x\nmodel: {id: nowhere}\n"
+    for rel in (".venv/lib/python3/site-packages/pkg/data.yaml", "runs/t/qpc-1/custom_io.yaml", "runs/t/recipe.yaml",
+                "build/copy.yaml"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(bad)
+    (root / ".github" / "workflows").mkdir(parents=True)
+    (root / ".github" / "workflows" / "ci.yaml").write_text("on: push\njobs: {}\n")
+    (root / "notes.yaml").write_text("version: 3\ntitle: not a recipe\n")
+
+
+@needs_git
+def test_directory_lint_skips_git_ignored_files_and_non_recipes(tmp_path, pm, write_recipe):
+    write_recipe(name="recipes.yaml")
+    (tmp_path / ".gitignore").write_text(".venv/\nruns/\nbuild/\n")
+    _recipe_like_noise(tmp_path)
+    _git(tmp_path, "init", "-q")
+    result = lint_paths([str(tmp_path)], pm)
+    assert [p.name for p in result.files] == ["recipes.yaml"] and result.findings == []
+
+
+def test_directory_lint_without_git_skips_hidden_folders_and_gitignore_patterns(tmp_path, pm, write_recipe):
+    write_recipe(name="recipes.yaml")
+    (tmp_path / ".gitignore").write_text("# outputs\nruns/\n/build\n")
+    _recipe_like_noise(tmp_path)
+    result = lint_paths([str(tmp_path)], pm, options=LintOptions(gitignore=False))
+    assert [p.name for p in result.files] == ["recipes.yaml"]
+
+
+def test_a_recipe_with_a_yaml_error_still_looks_like_a_recipe(tmp_path, pm, write_recipe):
+    write_recipe(MINIMAL + "workload: [\n", name="broken.yaml")
+    result = lint_paths([str(tmp_path)], pm, options=LintOptions(gitignore=False))
+    assert [f.code for f in result.findings] == ["SPD001"] and result.exit_code(strict=False) == 3
+
+
+def test_exclude_and_recipe_glob(tmp_path, pm, write_recipe):
+    write_recipe(name="a.yaml")
+    (tmp_path / "fixtures").mkdir()
+    write_recipe(MINIMAL.replace("name: t", "nam: t"), name="fixtures/bad.yaml")
+    (tmp_path / "plain.yml").write_text(MINIMAL.replace("version: 1\n", ""))  # no version: not a recipe by content
+    options = LintOptions(gitignore=False, exclude=["fixtures"])
+    assert [p.name for p in lint_paths([str(tmp_path)], pm, options=options).files] == ["a.yaml"]
+    options = LintOptions(gitignore=False, exclude=["fixtures"], recipe_globs=["plain.yml"])
+    assert sorted(p.name for p in lint_paths([str(tmp_path)], pm, options=options).files) == ["a.yaml", "plain.yml"]
+
+
+def test_noqa_per_line_and_per_file(write_recipe, pm):
+    text = MINIMAL.replace("[0, 4]", "[4, 0, 4]  # spdflow: noqa SPD101")
+    assert codes(lint_paths([str(write_recipe(text))], pm)) == ["SPD102"]
+    text = MINIMAL.replace("[0, 4]", "[4, 0, 4]  # spdflow: noqa")
+    assert codes(lint_paths([str(write_recipe(text))], pm)) == []
+    text = "# spdflow: noqa-file SPD102, SPD104\n" + MINIMAL.replace("[0, 4]", "[4, 0, 4]") + "devices: {backend: qaic}\n"
+    result = lint_paths([str(write_recipe(text))], pm)
+    assert codes(result) == ["SPD101"] and result.suppressed == 2
+
+
+def test_noqa_comment_parsing():
+    per_line, per_file = noqa_codes("a: 1  # spdflow: noqa: SPD104,SPD105\n# spdflow: noqa-file SPD1\nb: 2 # noqa\n")
+    assert per_line == {1: {"SPD104", "SPD105"}} and per_file == {"SPD1"}
+
+
+def test_select_and_ignore_take_codes_and_prefixes(write_recipe, pm):
+    path = str(write_recipe(MINIMAL.replace("[0, 4]", "[4, 0, 4]") + "devices: {backend: qaic}\n"))
+    assert codes(lint_paths([path], pm, options=LintOptions(ignore=["SPD104"]))) == ["SPD101", "SPD102"]
+    assert codes(lint_paths([path], pm, options=LintOptions(select=["SPD104"]))) == ["SPD104"]
+    assert codes(lint_paths([path], pm, options=LintOptions(select=["SPD10"], ignore=["SPD102"]))) == ["SPD101", "SPD104"]
+    assert lint_paths([path], pm, options=LintOptions(ignore=["SPD1"])).exit_code(strict=True) == 0
+
+
+def test_github_annotations_escape_properties_and_message(tmp_path, pm):
+    weird = tmp_path / "a,b:c%d"
+    weird.mkdir()
+    path = weird / "r.yaml"
+    path.write_text(MINIMAL.replace("[0, 4]", "[4, 0]"))
+    result = lint_paths([str(path)], pm)
+    result.findings[0].message = "50% done\nnext line\rend"
+    line = render(result, "github")
+    assert "\n" not in line and "file=" + str(weird).replace("%", "%25").replace(",", "%2C").replace(":", "%3A") in line
+    assert "::50%25 done%0Anext line%0Dend" in line
+    assert github_escape_property("t:1,2%") == "t%3A1%2C2%25"
+
+
+def test_recipes_only_skips_named_non_recipes_and_passes_on_none(tmp_path, pm, write_recipe):
+    other = tmp_path / "ci.yaml"
+    other.write_text("on: push\n")
+    recipe = write_recipe(name="r.yaml")
+    result = lint_paths([str(other), str(recipe)], pm, options=LintOptions(recipes_only=True))
+    assert result.files == [recipe]
+    result = lint_paths([str(other)], pm, options=LintOptions(recipes_only=True))
+    assert result.files == [] and result.exit_code(strict=True) == 0
+
+
+@needs_git
+def test_lint_dot_in_a_fresh_clone_with_venv_and_runs_reports_nothing(tmp_path):
+    """The repository's own files, a venv and run outputs beside them: `spdflow lint .` is clean."""
+    clone = tmp_path / "clone"
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        source = REPO / rel
+        if source.is_file() and source.stat().st_size < 2_000_000:
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / rel)
+    _recipe_like_noise(clone)
+    (clone / "runs" / "tinycode-varK").mkdir(parents=True)
+    (clone / "runs" / "tinycode-varK" / "custom_io.yaml").write_text("- IOName: past_key.0\n  Precision: float16\n")
+    _git(clone, "init", "-q")
+    run = subprocess.run([sys.executable, "-m", "spdflow", "lint", ".", "--strict"], cwd=clone, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().endswith(": 0 error(s), 0 warning(s)") and "note" not in run.stdout
+
+
+def _as_module(command: str) -> list[str]:
+    import shlex
+
+    words = shlex.split(command)
+    assert words[0] == "spdflow"
+    return [sys.executable, "-m", "spdflow", *words[1:]]
+
+
+def test_pre_commit_hooks_lint_staged_yaml_as_pre_commit_calls_them(tmp_path):
+    import yaml
+
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert {h["id"] for h in hooks} == {"spdflow-lint", "spdflow-lint-system"}
+    assert "spdflow = \"spdflow.cli:main\"" in (REPO / "pyproject.toml").read_text()
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(MINIMAL.replace("name: t", "nam: t"))
+    for hook in hooks:
+        assert hook["language"] in ("python", "system") and "yaml" in hook["types"]
+        # pre-commit appends the staged files that match `types` (here: recipes and other YAML)
+        staged = [str(REPO / ".pre-commit-hooks.yaml"), *map(str, sorted((REPO / "recipes").glob("*.yaml")))]
+        run = subprocess.run(_as_module(hook["entry"]) + hook.get("args", []) + staged, capture_output=True, text=True,
+                             cwd=REPO)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "8 file(s) checked: 0 error(s), 0 warning(s)" in run.stdout
+        run = subprocess.run(_as_module(hook["entry"]) + [str(broken)], capture_output=True, text=True, cwd=REPO)
+        assert run.returncode == 3 and "SPD010" in run.stdout
+
+
+def test_documented_github_actions_step_passes_on_this_repository():
+    import re
+
+    import yaml
+
+    text = (REPO / "docs" / "lint.md").read_text()
+    snippet = re.search(r"<!-- github-actions-snippet -->\n```yaml\n(.*?)```", text, re.S).group(1)
+    workflow = yaml.safe_load(snippet)
+    steps = workflow["jobs"]["lint"]["steps"]
+    command = [s["run"] for s in steps if "run" in s and s["run"].startswith("spdflow lint")][0]
+    assert "--format github" in command
+    run = subprocess.run(_as_module(command), capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout == "", "a clean repository prints no annotations"

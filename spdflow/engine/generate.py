@@ -29,15 +29,25 @@ from spdflow.api import AcceptRow, Proposal, Proposer, ProposeInput, Request, Sa
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
+def prompt_problem(index: int, n_tokens: int, ctx_len: int) -> tuple[str, str] | None:
+    """(message, hint) when prompt ``index`` of ``n_tokens`` tokens cannot run with ``ctx_len``.
+
+    The one rule shared by generation and preflight (``spdflow lint``, ``--dry-run``)."""
+    limit = ctx_len - 1
+    if n_tokens == 0:
+        return f"prompt {index} is empty", "remove empty prompts from the workload"
+    if n_tokens > limit:
+        return (f"prompt {index} has {n_tokens} tokens but ctx_len {ctx_len} leaves room for {limit}",
+                "raise specialization.ctx_len or shorten the prompt")
+    return None
+
+
 def check_prompts(requests: Sequence[Request], ctx_len: int) -> None:
     """Every prompt must be non-empty and leave room in the KV cache (checked before any work)."""
-    limit = ctx_len - 1
     for r in requests:
-        if len(r.prompt_ids) == 0:
-            raise StageError(f"prompt {r.index} is empty", hint="remove empty prompts from the workload")
-        if len(r.prompt_ids) > limit:
-            raise StageError(f"prompt {r.index} has {len(r.prompt_ids)} tokens but ctx_len {ctx_len} "
-                             f"leaves room for {limit}", hint="raise specialization.ctx_len or shorten the prompt")
+        problem = prompt_problem(r.index, len(r.prompt_ids), ctx_len)
+        if problem is not None:
+            raise StageError(problem[0], hint=problem[1])
 
 
 #: measured verify seconds per K, per session: {session: {(rows, ks): {k: seconds}}}

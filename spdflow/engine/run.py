@@ -31,7 +31,7 @@ from spdflow.api import (
     Specialization,
 )
 from spdflow.engine import cache
-from spdflow.errors import PluginError, RunInterrupted, SpdflowError, StageError
+from spdflow.errors import PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
 
@@ -168,7 +168,8 @@ class Engine:
         from spdflow.models import resolve_model_dir
 
         cb = self.recipe.specialization.full_batch_size is not None
-        model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision)
+        model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision,
+                                      key="model.id" if role == "target" else "proposer.with.model")
         key = export_key(self.pm, model, model_dir, role, cb)
         target = self.run_dir / "export" / f"{role}-{key[:16]}"
         if not should_force("export", self.options):
@@ -350,21 +351,19 @@ class Engine:
     # -- the whole run --------------------------------------------------------------------
 
     def preflight(self) -> None:
-        """Check what must exist on this machine before any work; one sentence per missing thing."""
-        from spdflow.models import resolve_model_dir
+        """Check everything checkable before any work (``spdflow.preflight``, the same checks as
+        lint and --dry-run): warnings are shown, errors stop the run before the output dir exists."""
+        from spdflow.preflight import preflight, run_blockers
 
-        problems = []
-        try:
-            resolve_model_dir(self.recipe.model.id, self.loaded.base_dir, self.recipe.model.revision)
-        except SpdflowError as exc:
-            problems.append(exc.message + (f" ({exc.hint})" if exc.hint else ""))
-        if not self.options.compile_only:
-            reason = self.backend().unavailable_reason()
-            if reason:
-                problems.append(f"backend '{self.recipe.devices.backend}' cannot run here: {reason}")
-        if problems:
-            raise StageError("cannot run this recipe here:\n  - " + "\n  - ".join(problems),
-                             hint="`spdflow run --dry-run` shows the plan; `--compile-only` builds without running")
+        findings = preflight(self.loaded, self.pm)
+        for finding in findings:
+            if finding.severity == "warning" and finding.code != "SPD104":
+                self.ui.warn(f"{finding.location.render()}: {finding.code} {finding.message}")
+        blockers = run_blockers(findings, compile_only=self.options.compile_only)
+        if blockers:
+            count = f"{len(blockers)} problem{'s' if len(blockers) > 1 else ''}"
+            raise PreflightError(f"cannot run this recipe here ({count}, found before any export)", findings=blockers,
+                                 hint="`spdflow lint` shows the same checks; `--compile-only` builds without running")
 
     def run(self) -> RunState:
         state = self.state
