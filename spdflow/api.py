@@ -382,6 +382,52 @@ class KPolicy:
 
 
 # --------------------------------------------------------------------------------------------
+# what-if pricing (spdflow whatif / advise)
+
+
+@dataclass
+class CostContext:
+    """What a cost model factory gets besides its own validated config: the run being priced."""
+
+    run_dir: Path
+    recipe: "Recipe"
+    model_info: ModelInfo
+    #: the run's trace.jsonl records (header included)
+    records: list[dict] = field(default_factory=list)
+    #: the recipe file's folder, against which a cost model resolves relative paths
+    base_dir: Path | None = None
+    #: times decode shapes on the run's own backend now and stores them with the run:
+    #: ``measure(batch, ks)`` -> :class:`spdflow.costs.GridEntry`; None when it cannot run here
+    measure: Callable[[int, Sequence[int]], Any] | None = None
+
+
+class CostModel:
+    """Prices the target's runs for a what-if replay: seconds per verify run of a decode shape.
+
+    ``verify_s(batch, k)`` is the steady time of one verify run with ``batch`` rows and K
+    proposals (seq_len K+1) when the previous step used the same K; ``switch_s(batch)`` the extra
+    time of the first step after a change of K; ``prefill_s(batch, seq_len)`` one prefill chunk
+    (None: take the run's own measured prefill). Proposer and host time are not priced here:
+    the replay measures them, since they run on the host either way. ``describe()`` says where
+    every number comes from; it is printed with every prediction.
+    """
+
+    name: str = ""
+
+    def verify_s(self, batch: int, k: int) -> float:
+        raise NotImplementedError
+
+    def switch_s(self, batch: int) -> float:
+        return 0.0
+
+    def prefill_s(self, batch: int, seq_len: int) -> float | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"cost_model": self.name}
+
+
+# --------------------------------------------------------------------------------------------
 # registration
 
 
@@ -397,7 +443,7 @@ class Registration:
     description: str = ""
 
 
-REGISTRATION_KINDS = ("proposer", "backend", "k_policy", "acceptor", "workload")
+REGISTRATION_KINDS = ("proposer", "backend", "k_policy", "acceptor", "workload", "cost_model")
 
 
 def replace(obj, **changes):

@@ -185,6 +185,15 @@ RUNTIME: tuple[CatalogEntry, ...] = (
                  "proposer '<name>' proposed <n> tokens where k_max was <k> / a token id outside the vocabulary / "
                  "the K policy chose K=<k>, which is not compiled / no plugin implements <hook>",
                  "A plugin returned something that breaks the plugin contract.", "Fix the plugin; the message names it."),
+    CatalogEntry("whatif.trace-version", "TraceVersionError", 1,
+                 "'<dir>/trace.jsonl' has trace format version <v>, which this spdflow (trace format <n>) cannot read / "
+                 "written before replayable traces (version <n>)",
+                 "The run was recorded by a newer spdflow, or by one before traces were replayable.",
+                 "Upgrade spdflow, or rerun the recipe with this one."),
+    CatalogEntry("whatif.run-data", "RunDataError", 1,
+                 "'<dir>' is not a finished spdflow run (no <file>) / <file> is unreadable / request <i> has no token ids",
+                 "whatif and advise replay a run from its report.json, outputs.jsonl and trace.jsonl; one is missing or damaged.",
+                 "Point at the run's output directory (runs/<name>), or rerun the recipe."),
     CatalogEntry("interrupted", "RunInterrupted", 130, "interrupted by the user; the partial report is in <dir>/report.json",
                  "Ctrl-C (SIGINT). The report's status is \"interrupted\".", "Rerun: finished stages are reused from the cache."),
     CatalogEntry("internal", "unexpected exception", 1, "internal error: <ExceptionType>: <message>",

@@ -76,6 +76,8 @@ def cli(verbose: bool) -> None:
       spdflow run recipes/tinycode_varK.yaml    export → specialize → compile → generate → report
       spdflow lint recipes/                      schema + semantic checks (exit 1 on findings)
       spdflow bench recipes/tinycode_varK.yaml   no-spec vs fixed-K vs varK side by side
+      spdflow whatif runs/tinycode-varK --k-list 0,4 --batch-size 8
+                                                 replay a run under another K-list, policy, batch
       spdflow plugins                            installed plugins, hooks and names
 
     Exit codes: 0 ok, 1 run failure or lint findings, 2 usage, 3 invalid recipe,
@@ -211,8 +213,10 @@ def plugins(fmt):
 
 
 from spdflow.bench_cli import bench  # noqa: E402  (a command module, kept apart from this file)
+from spdflow.whatif_cli import whatif  # noqa: E402
 
 cli.add_command(bench)
+cli.add_command(whatif)
 
 
 def main() -> None:

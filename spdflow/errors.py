@@ -58,6 +58,17 @@ class BackendUnavailableError(StageError):
     """The backend's runtime or compiler is not installed on this machine."""
 
 
+class RunDataError(SpdflowError):
+    """A run directory cannot be replayed or priced (``spdflow whatif`` / ``advise``): files
+    missing, unreadable, or from a trace format this spdflow does not know."""
+
+    exit_code = 1
+
+
+class TraceVersionError(RunDataError):
+    """trace.jsonl has a format version this spdflow cannot read."""
+
+
 class RunInterrupted(SpdflowError):
     """The user pressed Ctrl-C; the partial report says so."""
 

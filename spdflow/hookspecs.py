@@ -115,6 +115,22 @@ def spdflow_register_workloads(register: Callable[..., None]) -> None:
     """
 
 
+@hookspec
+def spdflow_register_cost_models(register: Callable[..., None]) -> None:
+    """Register cost models (the ``--cost`` names of ``spdflow whatif`` and ``spdflow advise``).
+
+    Called once when the plugin manager's registry is first built.
+
+    :param register: ``register(name, factory, config=ConfigModel, description="")``.
+        ``factory(config, ctx)`` gets the validated ``--cost-with`` settings (an instance of
+        ``config``, a pydantic model with ``extra="forbid"``; None when there is no model) and a
+        :class:`spdflow.api.CostContext` (the run being priced), and returns a
+        :class:`spdflow.api.CostModel`.
+
+    Return value is ignored.
+    """
+
+
 # ------------------------------------------------------------------------------- protocol
 
 

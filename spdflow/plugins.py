@@ -25,6 +25,7 @@ _REGISTER_HOOKS = {
     "k_policy": "spdflow_register_k_policies",
     "acceptor": "spdflow_register_acceptors",
     "workload": "spdflow_register_workloads",
+    "cost_model": "spdflow_register_cost_models",
 }
 
 

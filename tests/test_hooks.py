@@ -179,6 +179,54 @@ def test_hook_spdflow_register_workloads(spdflow_pm):
     assert factory(2, 1) == factory(2, 1)
 
 
+# -- start spdflow_register_cost_models --
+from pydantic import BaseModel, ConfigDict, Field
+
+from spdflow import hookimpl
+from spdflow.api import CostModel
+
+
+class FlatConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step_ms: float = Field(30.0, gt=0, description="Milliseconds of every verify run.")
+    per_token_ms: float = Field(0.5, ge=0, description="Extra milliseconds per verified position.")
+
+
+class FlatCost(CostModel):
+    """A device whose verify time grows linearly with the positions it verifies."""
+
+    name = "flat"
+
+    def __init__(self, config: FlatConfig):
+        self.config = config
+
+    def verify_s(self, batch, k):
+        return (self.config.step_ms + self.config.per_token_ms * batch * (k + 1)) / 1000
+
+    def describe(self):
+        return {"cost_model": "flat", "source": "a guess, for the example"}
+
+
+@hookimpl
+def spdflow_register_cost_models(register):
+    register("flat", lambda config, ctx: FlatCost(config), config=FlatConfig,
+             description="Linear verify time per verified position.")
+# -- end spdflow_register_cost_models --
+
+
+class CostModelPlugin:
+    spdflow_register_cost_models = staticmethod(spdflow_register_cost_models)
+
+
+def test_hook_spdflow_register_cost_models(spdflow_pm):
+    spdflow_pm.add_plugin(CostModelPlugin(), "flat")
+    registration = spdflow_pm.lookup("cost_model", "flat")
+    model = registration.factory(registration.config(step_ms=10.0, per_token_ms=1.0), None)
+    assert registration.plugin == "flat"
+    assert model.verify_s(2, 3) == pytest.approx(0.018) and model.switch_s(2) == 0.0
+    assert model.prefill_s(1, 32) is None
+
+
 # -- start spdflow_export --
 from spdflow import hookimpl
 

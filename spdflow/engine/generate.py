@@ -56,7 +56,8 @@ _NO_PROPOSAL = Proposal.empty()  # shared: the engine never changes a proposal i
 
 
 def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
-                       batch_index: np.ndarray | None = None, repeats: int = 8, warmup: int = 3) -> dict[int, float]:
+                       batch_index: np.ndarray | None = None, repeats: int = 8, warmup: int = 3,
+                       clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Median seconds of one verify run per compiled K, measured once per session and shape set.
 
     Every position is -1, so the runs write only the reserved last KV slot and can happen at
@@ -76,11 +77,11 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
         ids = np.full((rows, k + 1), pad_token_id, dtype=np.int64)
         pos = np.full((rows, k + 1), -1, dtype=np.int64)
         for round_ in range(warmup + repeats):
-            start = time.perf_counter()
+            start = clock()
             pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos,
                                    num_logits_to_keep=k + 1, batch_index=batch_index)
             if round_ >= warmup:
-                times[k].append(time.perf_counter() - start)
+                times[k].append(clock() - start)
     cached[key] = {k: float(np.median(v)) for k, v in times.items()}
     return dict(cached[key])
 
@@ -133,8 +134,11 @@ class Generator:
 
     def __init__(self, pm, session, config: LoopConfig, *, proposer=None, proposer_name: str = "",
                  proposer_plugin: str = "", policy=None, acceptor=None, trace: Callable[[dict], None] | None = None,
-                 on_tokens: Callable[[int], None] | None = None):
+                 on_tokens: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter):
         self.pm = pm
+        #: the time source of every figure the loop records; a what-if replay passes a clock on
+        #: which verify runs take their priced time (spdflow.whatif)
+        self.clock = clock
         self.session = session
         self.cfg = config
         self.proposer = proposer
@@ -169,7 +173,7 @@ class Generator:
         """Generate for every request; results in request order."""
         check_prompts(requests, self.cfg.ctx_len)
         self._start_policy()
-        self.t0 = time.perf_counter()
+        self.t0 = self.clock()
         results: dict[int, RequestResult] = {}
         pending = deque(requests)
         slots: list[_Live | None] = [None] * self.rows
@@ -191,10 +195,10 @@ class Generator:
             return
         costs = None
         if getattr(self.policy, "wants_step_costs", False):
-            started = time.perf_counter()
+            started = self.clock()
             costs = measure_step_costs(self.pm, self.session, self.rows, self.ks, self.cfg.pad_token_id,
-                                       self._batch_index)
-            self.trace({"kind": "step_costs", "duration_s": time.perf_counter() - started,
+                                       self._batch_index, clock=self.clock)
+            self.trace({"kind": "step_costs", "duration_s": self.clock() - started,
                         "verify_s": {str(k): v for k, v in costs.items()}})
         self._call_policy("start", list(self.ks), self.rows, costs)
 
@@ -222,7 +226,7 @@ class Generator:
             buffer[:n] = request.prompt_ids
             rng = np.random.default_rng([request.seed, request.index])
             lives.append(_Live(request, slot, buffer, n, rng=rng))
-        started = time.perf_counter()
+        started = self.clock()
         chunks = -(-max(l.length for l in lives) // P)
         last_logits: dict[int, np.ndarray] = {}
         ids = np.full((batch, P), cfg.pad_token_id, dtype=np.int64)
@@ -245,14 +249,14 @@ class Generator:
             for row, r in ends.items():
                 last_logits[row] = np.array(logits[r, 0])
         accepted = self._accept_first(lives, last_logits)
-        now = time.perf_counter() - self.t0
+        now = self.clock() - self.t0
         for row, live in enumerate(lives):
             live.ttft_s = now
             slots[live.slot] = live
             if self.proposer is not None:
                 self._call_proposer("add_request", live.slot, live.request)
             self.trace({"kind": "prefill", "t": now, "request": live.request.index, "slot": live.slot,
-                        "chunks": chunks, "duration_s": time.perf_counter() - started})
+                        "chunks": chunks, "duration_s": self.clock() - started})
             self._append(live, accepted[row], slots, results)
 
     def _accept_first(self, lives, last_logits) -> list[np.ndarray]:
@@ -265,8 +269,9 @@ class Generator:
 
     def _step(self, slots: list, results: dict, waiting: int = 0) -> None:
         cfg = self.cfg
-        step_start = time.perf_counter()
+        step_start = self.clock()
         active = [live for live in slots if live is not None]
+        positions = [live.length - 1 for live in active]  # each row's anchor position
         budget = self._budget(active, waiting)
         if budget:
             proposals, propose_s = self._propose(active, {live.slot: min(budget, self._k_max(live)) for live in active})
@@ -292,10 +297,10 @@ class Generator:
             ids[live.slot, 1 : n + 1] = tokens
             pos[live.slot, : n + 1] = self._arange[: n + 1] + anchor_pos
             rows.append(AcceptRow(live.slot, proposal, live.rng))
-        verify_start = time.perf_counter()
+        verify_start = self.clock()
         logits = self.pm.hook.spdflow_verify(session=self.session, input_ids=ids, position_ids=pos,
                                              num_logits_to_keep=k + 1, batch_index=self._batch_index)
-        verify_s = time.perf_counter() - verify_start
+        verify_s = self.clock() - verify_start
         if len(active) == self.rows and all(live.slot == i for i, live in enumerate(active)):
             row_logits = logits
         else:
@@ -305,14 +310,14 @@ class Generator:
         n_accepted = tuple(len(tokens) - 1 for tokens in accepted)
         trace_rows = []
         scored: list[tuple[int, int]] = []
-        for live, tokens, n_prop, n_acc in zip(active, accepted, proposed, n_accepted):
+        for live, tokens, raw, n_prop, n_acc, position in zip(active, accepted, counts, proposed, n_accepted, positions):
             emitted = self._append(live, tokens, slots, results)
             if live.shadows:
                 self._score(live, slots[live.slot] is not live, scored)
-            trace_rows.append({"request": live.request.index, "slot": live.slot, "proposed": n_prop,
-                               "accepted": n_acc, "emitted": emitted})
+            trace_rows.append({"request": live.request.index, "slot": live.slot, "position": position, "raw": raw,
+                               "proposed": n_prop, "accepted": n_acc, "emitted": emitted})
         self.step_count += 1
-        end = time.perf_counter()
+        end = self.clock()
         host_s = max(0.0, end - step_start - propose_s - verify_s)
         if self._policy_runs:
             self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s,
@@ -368,14 +373,14 @@ class Generator:
             return [Proposal.empty() for _ in active], 0.0
         inputs = [ProposeInput(live.slot, live.request.index, live.tokens, len(live.request.prompt_ids), k_max[live.slot])
                   for live in active]
-        start = time.perf_counter()
+        start = self.clock()
         try:
             proposals = self.pm.hook.spdflow_propose(proposer=self.proposer, inputs=inputs)
         except SpdflowError:
             raise
         except Exception as exc:
             raise PluginError(f"{self._who()} failed: {type(exc).__name__}: {exc}") from exc
-        elapsed = time.perf_counter() - start
+        elapsed = self.clock() - start
         return self._checked(proposals, inputs), elapsed
 
     def _checked(self, proposals, inputs) -> list[Proposal]:
@@ -432,7 +437,7 @@ class Generator:
         return n
 
     def _retire(self, live: _Live, reason: str, slots: list, results: dict) -> None:
-        now = time.perf_counter() - self.t0
+        now = self.clock() - self.t0
         results[live.request.index] = RequestResult(live.request.index, live.tokens[len(live.request.prompt_ids):].copy(),
                                                     reason, len(live.request.prompt_ids), live.ttft_s, now)
         self.trace({"kind": "request", "request": live.request.index, "prompt_tokens": len(live.request.prompt_ids),

@@ -305,9 +305,11 @@ class Engine:
                 results = generator.generate(requests)
             if proposer is not None:
                 proposer.close()
+            record_cost_grid(self.pm, session, config, self.run_dir, recipe.devices.backend)
             self.state.outputs = [
                 {"request": r.index, "prompt": requests[r.index].prompt, "output": tokenizer.decode(r.tokens.tolist()),
-                 "tokens": r.tokens.tolist(), "stop_reason": r.stop_reason} for r in results]
+                 "prompt_tokens": requests[r.index].prompt_ids.tolist(), "tokens": r.tokens.tolist(),
+                 "stop_reason": r.stop_reason} for r in results]
             if self.options.check_lossless and proposer is not None:
                 mismatched = [r.index for r in results if not np.array_equal(r.tokens, baseline[r.index])]
                 self.state.lossless = {"checked": True, "identical": not mismatched, "mismatched_requests": mismatched,
@@ -417,6 +419,17 @@ class Engine:
 
 
 # ------------------------------------------------------------------------------- small helpers
+
+
+def record_cost_grid(pm, session, config, run_dir: Path, backend: str) -> None:
+    """Time the run's compiled decode shapes at its batch size and store them with the run
+    (``cost_grid.json``, read by the ``measured`` what-if cost model)."""
+    from spdflow.costs import measure_grid, write_grid
+
+    rows = config.full_batch_size or config.batch_size
+    entry = measure_grid(pm, session, rows, config.k_list, config.pad_token_id, config.prefill_seq_len,
+                         config.full_batch_size is not None)
+    write_grid(run_dir, {rows: entry}, backend)
 
 
 def tempfile_dir(target: Path) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from spdflow import __version__
 from spdflow.engine import cache
 from spdflow.engine.run import peak_rss_mb, write_jsonl
-from spdflow.report.metrics import compute_metrics
+from spdflow.report.metrics import compute_metrics, trace_header
 from spdflow.report.model import (
     Artifact,
     ErrorRecord,
@@ -25,7 +25,7 @@ def write_run_report(engine) -> RunReport:
     """Write trace.jsonl, outputs.jsonl and report.json/.md/.html (+ plots) into the run dir."""
     state = engine.state
     run_dir = engine.run_dir
-    write_jsonl(run_dir / "trace.jsonl", state.records)
+    write_jsonl(run_dir / "trace.jsonl", [trace_header(__version__)] + state.records)
     write_jsonl(run_dir / "outputs.jsonl", state.outputs)
     has_steps = any(r.get("kind") == "request" for r in state.records)
     metrics = compute_metrics(state.records) if has_steps else None

@@ -7,9 +7,17 @@ length, draft acceptance rate, per-position acceptance, TTFT, TPOT).
 
 Trace record kinds (written by the engine, one JSON object per line):
 
+* ``header`` (the first line): ``trace_version`` (:data:`TRACE_VERSION`), ``spdflow_version``.
+  A trace without a header is version 1 (before per-row positions and raw proposal lengths).
 * ``prefill``: ``t``, ``request``, ``slot``, ``chunks``, ``duration_s``
 * ``step``: ``step``, ``t``, ``k``, ``batch``, ``propose_s``, ``verify_s``, ``host_s``,
-  ``rows`` = [{``request``, ``slot``, ``proposed``, ``accepted``, ``emitted``}]
+  ``rows`` = [{``request``, ``slot``, ``position``, ``raw``, ``proposed``, ``accepted``, ``emitted``}]:
+  ``position`` is the row's anchor position (its token count − 1) when the step started, ``raw``
+  the proposer's proposal length before clipping to the step's K, ``proposed`` the verified
+  length after clipping, ``accepted`` how many of those the target kept
+* ``step_costs``: ``verify_s`` = {K: seconds} timed before the first step (policies that ask)
+* ``cost_grid``: step costs of every compiled shape at the run's batch size, timed after the
+  run (``spdflow.costs.measure_cost_grid``); the ``measured`` cost model reads it
 * ``request``: ``request``, ``prompt_tokens``, ``generated_tokens``, ``ttft_s``, ``finish_s``,
   ``stop_reason``
 
@@ -27,6 +35,37 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: Number of equal-width bins of the tokens/s-over-time series.
 TIME_BINS = 20
+
+#: The trace format this spdflow writes; readers refuse newer ones (:func:`check_trace_version`).
+TRACE_VERSION = 2
+
+
+def trace_header(spdflow_version: str) -> dict:
+    """The first record of every trace.jsonl."""
+    return {"kind": "header", "trace_version": TRACE_VERSION, "spdflow_version": spdflow_version}
+
+
+def trace_version(records: list[dict]) -> int:
+    """The format version of a trace's records: its header's, or 1 for a trace without one."""
+    for record in records:
+        if record.get("kind") == "header":
+            return record.get("trace_version", 0)
+    return 1
+
+
+def check_trace_version(records: list[dict], path, minimum: int = 1) -> int:
+    """The trace's version; a TraceVersionError when this spdflow cannot read it (or, with
+    ``minimum``, when it is older than a reader needs)."""
+    from spdflow.errors import TraceVersionError
+
+    version = trace_version(records)
+    if not isinstance(version, int) or version > TRACE_VERSION or version < 1:
+        raise TraceVersionError(f"'{path}' has trace format version {version!r}, which this spdflow (trace format "
+                                f"{TRACE_VERSION}) cannot read", hint="upgrade spdflow, or rerun the recipe with this one")
+    if version < minimum:
+        raise TraceVersionError(f"'{path}' has trace format version {version}, written before replayable traces "
+                                f"(version {minimum})", hint="rerun the recipe with this spdflow to record a replayable trace")
+    return version
 
 
 class _Model(BaseModel):

@@ -1,0 +1,71 @@
+"""The ``measured`` cost model: step costs timed on the run's own backend (``cost_grid.json``)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spdflow.api import CostContext, CostModel
+from spdflow.costs import GRID_FILE, GridEntry, read_grid
+from spdflow.errors import RunDataError
+
+
+class MeasuredConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    remeasure: bool = Field(False, description="Time every shape again, even those cost_grid.json already has.")
+
+
+class MeasuredCost(CostModel):
+    """Medians timed by :func:`spdflow.costs.measure_grid` on the run's backend.
+
+    The run stores its own batch size and K-list; other batch sizes and K are compiled and timed
+    on first use (``prepare``), on the same backend, and stored with the run too.
+    """
+
+    name = "measured"
+
+    def __init__(self, config: MeasuredConfig | None, ctx: CostContext):
+        self.ctx = ctx
+        self.remeasure = bool(config and config.remeasure)
+        self.grid: dict[int, GridEntry] = read_grid(ctx.run_dir)
+        self.fresh: set[int] = set()
+
+    def prepare(self, needs: dict[int, list[int]]) -> None:
+        """Measure every (batch, K) in ``needs`` that is not stored yet (all of them with remeasure)."""
+        for batch, ks in sorted(needs.items()):
+            entry = self.grid.get(batch)
+            stale = self.remeasure and batch not in self.fresh
+            if entry is not None and not stale and all(k in entry.verify_s for k in ks):
+                continue
+            if self.ctx.measure is None:
+                raise RunDataError(f"{GRID_FILE} in '{self.ctx.run_dir}' has no step cost for batch {batch}, "
+                                   f"K in {sorted(ks)}, and backend '{self.ctx.recipe.devices.backend}' cannot run here "
+                                   "to measure it", hint="use --cost table or --cost roofline")
+            want = set(ks) | (set(entry.verify_s) if entry is not None else set())
+            self.grid[batch] = self.ctx.measure(batch, sorted(want))
+            self.fresh.add(batch)
+
+    def _entry(self, batch: int, k: int) -> GridEntry:
+        entry = self.grid.get(batch)
+        if entry is None or k not in entry.verify_s:
+            self.prepare({batch: [0, k]})
+            entry = self.grid[batch]
+        return entry
+
+    def verify_s(self, batch, k):
+        return self._entry(batch, k).verify_s[k]
+
+    def switch_s(self, batch):
+        return self._entry(batch, 0).switch_s
+
+    def prefill_s(self, batch, seq_len):
+        entry = self._entry(batch, 0)
+        return entry.prefill_s if entry.prefill_seq_len == seq_len else None
+
+    def describe(self):
+        batches = {str(b): {"verify_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(e.verify_s.items())},
+                            "switch_ms": round(e.switch_s * 1e3, 4), "measured_at": e.measured_at, "load": e.load}
+                   for b, e in sorted(self.grid.items())}
+        return {"cost_model": "measured",
+                "source": f"{GRID_FILE} in the run directory: medians of verify runs timed on backend "
+                          f"'{self.ctx.recipe.devices.backend}' (blocks of one K; switch = extra time of the first run "
+                          "after a change between the smallest and largest K timed)",
+                "batches": batches}

@@ -1,0 +1,138 @@
+"""Measured step costs stored with a run (``cost_grid.json``), for what-if pricing.
+
+After generation the engine times every compiled decode shape of the run's session at the
+run's batch size (:func:`measure_grid`) and writes the result into the run directory;
+``spdflow whatif`` / ``advise`` add entries for other batch sizes or K on demand, measured the
+same way on the same backend. The ``measured`` cost model (``plugins/spdflow_costs``) reads them.
+
+Every timed run has all positions at -1, so it writes only the reserved last KV slot and never
+touches a request's cache (as :func:`spdflow.engine.generate.measure_step_costs`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from spdflow.errors import RunDataError
+
+GRID_FILE = "cost_grid.json"
+GRID_VERSION = 1
+
+
+@dataclass
+class GridEntry:
+    """Step costs of one batch size on one backend, medians in seconds.
+
+    ``verify_s[K]`` is a verify run repeated at the same K; ``switch_s`` the extra time of the
+    first run after a change of K (mean of both directions between the smallest and largest
+    K timed); ``prefill_s`` one prefill chunk of ``prefill_seq_len`` tokens.
+    """
+
+    batch: int
+    verify_s: dict[int, float]
+    switch_s: float
+    prefill_s: float | None
+    prefill_seq_len: int
+    repeats: int
+    measured_at: str = ""
+    load: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["verify_s"] = {str(k): v for k, v in sorted(self.verify_s.items())}
+        return data
+
+    @staticmethod
+    def from_json(data: dict) -> "GridEntry":
+        data = dict(data)
+        data["verify_s"] = {int(k): float(v) for k, v in data["verify_s"].items()}
+        return GridEntry(**data)
+
+
+def _time_runs(pm, session, shapes: Sequence[tuple[int, int, int]], pad_token_id: int,
+               batch_index: np.ndarray | None) -> list[float]:
+    """Seconds of each run of ``shapes`` (rows, seq_len, num_logits_to_keep), in order."""
+    times = []
+    for rows, seq_len, keep in shapes:
+        ids = np.full((rows, seq_len), pad_token_id, dtype=np.int64)
+        pos = np.full((rows, seq_len), -1, dtype=np.int64)
+        start = time.perf_counter()
+        pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos, num_logits_to_keep=keep,
+                               batch_index=batch_index)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, prefill_seq_len: int,
+                 continuous_batching: bool = False, repeats: int = 9, warmup: int = 3) -> GridEntry:
+    """Time every decode shape in ``ks`` (blocks of one K), the switch between the smallest and
+    the largest K (alternating), and the prefill shape, on an open session."""
+    ks = sorted(set(ks))
+    decode_index = np.arange(rows, dtype=np.int64).reshape(-1, 1) if continuous_batching else None
+    steady: dict[int, float] = {}
+    for k in ks:
+        shape = (rows, k + 1, k + 1)
+        times = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, decode_index)
+        steady[k] = statistics.median(times[warmup:])
+    switch = 0.0
+    lo, hi = ks[0], ks[-1]
+    if lo != hi:
+        pattern = [(rows, lo + 1, lo + 1), (rows, hi + 1, hi + 1)] * (warmup + repeats)
+        times = _time_runs(pm, session, pattern, pad_token_id, decode_index)[2 * warmup:]
+        after_hi, after_lo = times[0::2], times[1::2]  # K=lo right after hi, K=hi right after lo
+        switch = max(0.0, (statistics.median(after_hi) - steady[lo] + statistics.median(after_lo) - steady[hi]) / 2)
+    prefill_rows = 1 if continuous_batching else rows
+    prefill_index = np.zeros((1, 1), dtype=np.int64) if continuous_batching else None
+    shape = (prefill_rows, prefill_seq_len, 1)
+    times = _time_runs(pm, session, [shape] * (1 + max(3, repeats // 2)), pad_token_id, prefill_index)
+    return GridEntry(rows, steady, switch, statistics.median(times[1:]), prefill_seq_len, repeats,
+                     datetime.now(timezone.utc).isoformat(timespec="seconds"), list(_load()))
+
+
+def _load() -> tuple[float, ...]:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:
+        return ()
+
+
+def read_grid(run_dir: Path) -> dict[int, GridEntry]:
+    """The stored entries of a run, by batch size ({} when there is no file)."""
+    path = Path(run_dir) / GRID_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != GRID_VERSION:
+            raise RunDataError(f"'{path}' has cost grid version {data.get('version')!r}; this spdflow reads version "
+                               f"{GRID_VERSION}", hint="delete the file; whatif measures it again")
+        return {int(e["batch"]): GridEntry.from_json(e) for e in data["entries"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunDataError(f"'{path}' is unreadable ({type(exc).__name__}: {exc})",
+                           hint="delete the file; whatif measures it again") from exc
+
+
+def write_grid(run_dir: Path, entries: dict[int, GridEntry], backend: str) -> None:
+    """Store the entries with the run (atomic)."""
+    from spdflow.engine.cache import write_json_atomic
+
+    data = {"version": GRID_VERSION, "backend": backend,
+            "entries": [entries[b].to_json() for b in sorted(entries)]}
+    write_json_atomic(Path(run_dir) / GRID_FILE, data)
+
+
+def merge_entry(old: GridEntry | None, new: GridEntry) -> GridEntry:
+    """``new``, keeping K values only ``old`` has (measured earlier on the same backend)."""
+    if old is None:
+        return new
+    verify = {**old.verify_s, **new.verify_s}
+    return GridEntry(new.batch, verify, new.switch_s, new.prefill_s, new.prefill_seq_len, new.repeats,
+                     new.measured_at, new.load)

@@ -1,0 +1,166 @@
+"""spdflow whatif: replay a recorded run exactly, price it, refuse what it cannot read."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from spdflow.cli import cli
+from spdflow.errors import RunDataError, TraceVersionError
+from spdflow.plugins import get_plugin_manager
+from spdflow.testing.fixtures import CODE_PROMPTS, run_in_process, tiny_recipe, write_recipe
+from spdflow.whatif import Scenario, load_run, make_cost_model, own_figures, own_scenario, replay
+
+TARGET = "spdflow:tinycode-target"
+PROMPT_LOOKUP = {"uses": "prompt_lookup", "with": {"prompt_lookup_min": 1, "prompt_lookup_max": 3}}
+
+
+def record_run(tmp_path_factory, name: str, **options):
+    base = tmp_path_factory.mktemp(name)
+    recipe = tiny_recipe(TARGET, base / "run", name=name, prompts=CODE_PROMPTS[:3], max_new_tokens=40, **options)
+    pm = get_plugin_manager()
+    run_in_process(pm, write_recipe(base / "recipe.yaml", recipe), check_lossless=False)
+    return base / "run"
+
+
+@pytest.fixture(scope="module")
+def greedy_run(tmp_path_factory):
+    return record_run(tmp_path_factory, "greedy", proposer=PROMPT_LOOKUP, k_list=(0, 2, 4, 7))
+
+
+@pytest.fixture(scope="module")
+def batch_run(tmp_path_factory):
+    return record_run(tmp_path_factory, "batch", proposer={"uses": "suffix"}, k_list=(0, 1, 3), batch_size=2)
+
+
+def test_trace_and_outputs_record_what_replay_needs(greedy_run):
+    lines = [json.loads(line) for line in (greedy_run / "trace.jsonl").read_text().splitlines()]
+    assert lines[0] == {"kind": "header", "trace_version": 2, "spdflow_version": lines[0]["spdflow_version"]}
+    rows = [row for r in lines if r["kind"] == "step" for row in r["rows"]]
+    assert rows and all({"position", "raw", "proposed", "accepted"} <= set(row) for row in rows)
+    assert all(row["proposed"] <= row["raw"] and row["accepted"] <= row["proposed"] for row in rows)
+    outputs = [json.loads(line) for line in (greedy_run / "outputs.jsonl").read_text().splitlines()]
+    assert all(o["prompt_tokens"] and o["tokens"] for o in outputs)
+    grid = json.loads((greedy_run / "cost_grid.json").read_text())
+    assert set(grid["entries"][0]["verify_s"]) == {"0", "2", "4", "7"}
+
+
+@pytest.mark.parametrize("fixture", ["greedy_run", "batch_run"])
+def test_replay_of_a_greedy_run_reproduces_its_steps_and_k_usage_exactly(fixture, request):
+    run_dir = request.getfixturevalue(fixture)
+    pm = get_plugin_manager()
+    run = load_run(run_dir, pm)
+    prediction = replay(pm, run, own_scenario(run), make_cost_model(pm, run, "measured"))
+    measured = own_figures(run)
+    assert prediction.identical and prediction.exact
+    assert prediction.figures.steps == measured.steps
+    assert prediction.figures.k_usage == measured.k_usage
+    assert prediction.figures.al == pytest.approx(measured.al)
+    assert prediction.figures.generated_tokens == measured.generated_tokens
+
+
+def test_replay_under_another_k_list_keeps_the_tokens_and_prices_each_step(greedy_run, tmp_path):
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    table = tmp_path / "costs.yaml"
+    table.write_text("source: made up for the test\nverify_ms:\n  1: {0: 1.0, 4: 2.0}\nswitch_ms: {1: 0.5}\n"
+                     "prefill_ms: {1: 3.0}\n")
+    cost = make_cost_model(pm, run, "table", {"path": str(table)})
+    nospec = replay(pm, run, Scenario((0,), "nospec", 1), cost)
+    assert nospec.identical and nospec.figures.k_usage == {0: nospec.figures.steps}
+    # every decode step of no-spec costs 1 ms, plus one switch after each request's prefill
+    assert nospec.figures.verify_s == pytest.approx(nospec.figures.steps * 1e-3 + len(run.requests) * 0.5e-3)
+    fixed = replay(pm, run, Scenario((4,), "fixed", 1), cost)
+    assert fixed.identical and fixed.figures.steps < nospec.figures.steps
+    vark = replay(pm, run, Scenario((0, 4), "smallest_covering", 1), cost)
+    events = _shapes_run(pm, run, cost)  # K of each decode run, "prefill" for prefill runs
+    decode = [k for k in events if k != "prefill"]
+    switches = sum(1 for a, b in zip(events, events[1:]) if b != "prefill" and a != b)  # after a prefill too
+    assert 0 < decode.count(4) < len(decode)
+    assert vark.figures.verify_s == pytest.approx(sum(1e-3 if k == 0 else 2e-3 for k in decode) + 0.5e-3 * switches)
+
+
+def _shapes_run(pm, run, cost):
+    """The shape of every run of a [0, 4] smallest_covering replay, in order."""
+    from spdflow import whatif
+
+    ks = []
+    original = whatif.ReplaySession.price
+
+    def spy(self, rows, seq_len, keep):
+        ks.append(seq_len - 1 if keep == seq_len else "prefill")
+        return original(self, rows, seq_len, keep)
+
+    whatif.ReplaySession.price = spy
+    try:
+        replay(pm, run, Scenario((0, 4), "smallest_covering", 1), cost)
+    finally:
+        whatif.ReplaySession.price = original
+    return ks
+
+
+def test_replay_session_answers_with_the_recorded_token_at_each_position(greedy_run):
+    from spdflow.whatif import ReplayClock, ReplaySession
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    cost = make_cost_model(pm, run, "measured")
+    session = ReplaySession(run, 1, cost, ReplayClock(), 16, None)
+    request = run.requests[0]
+    prompt = request.prompt_ids
+    ids = np.zeros((1, 16), dtype=np.int64)
+    pos = np.full((1, 16), -1, dtype=np.int64)
+    n = min(16, len(prompt))
+    ids[0, :n], pos[0, :n] = prompt[:n], np.arange(n)
+    logits = session.run(ids, pos, 1)
+    expected = prompt[n] if n < len(prompt) else run.outputs[0][0]
+    assert int(np.argmax(logits[0, 0])) == int(expected)
+
+
+def test_whatif_refuses_a_trace_of_an_unknown_version(greedy_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(greedy_run, copy)
+    trace = copy / "trace.jsonl"
+    lines = trace.read_text().splitlines()
+    lines[0] = json.dumps({"kind": "header", "trace_version": 99})
+    trace.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceVersionError, match="trace format version 99"):
+        load_run(copy, get_plugin_manager())
+    result = CliRunner().invoke(cli, ["whatif", str(copy)])
+    assert result.exit_code == 1
+    assert "trace format version 99, which this spdflow" in result.output
+
+
+def test_whatif_refuses_a_trace_without_replayable_fields(greedy_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(greedy_run, copy)
+    trace = copy / "trace.jsonl"
+    trace.write_text("\n".join(trace.read_text().splitlines()[1:]) + "\n")  # no header: version 1
+    with pytest.raises(TraceVersionError, match="written before replayable traces"):
+        load_run(copy, get_plugin_manager())
+
+
+def test_whatif_says_what_is_missing_in_a_directory_that_is_not_a_run(tmp_path):
+    with pytest.raises(RunDataError, match="not a finished spdflow run"):
+        load_run(tmp_path, get_plugin_manager())
+
+
+def test_whatif_cli_prints_the_run_beside_the_prediction_and_json(greedy_run):
+    result = CliRunner().invoke(cli, ["whatif", str(greedy_run), "--k-list", "0,4", "--policy", "smallest_covering"])
+    assert result.exit_code == 0, result.output
+    assert "run (measured)" in result.output and "| predicted | [0, 4] | smallest_covering | 1 |" in result.output
+    assert "cost model: measured" in result.output
+    result = CliRunner().invoke(cli, ["whatif", str(greedy_run), "--json", "--batch-size", "1"])
+    data = json.loads(result.output)
+    assert data["predictions"][0]["steps"] == data["run"]["steps"]
+
+
+def test_whatif_rejects_a_bad_cost_setting_with_one_sentence(greedy_run):
+    result = CliRunner().invoke(cli, ["whatif", str(greedy_run), "--cost", "table", "--cost-with", "nope=1"])
+    assert result.exit_code == 2 and "--cost-with" in result.output
