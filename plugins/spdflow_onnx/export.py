@@ -4,9 +4,11 @@ HF classes are not patched: :class:`KVCacheLM` reuses the HF submodules (embeddi
 layer's projections, norms and MLP, the final norm, lm_head, the rotary inv_freq) and
 reimplements only the decoder loop, with
 
-* new K/V scattered into the fixed-size cache at ``position_ids`` (ONNX ScatterElements, or
-  ScatterND on the selected rows under continuous batching), so one graph serves every seq_len
-  and stale slots need no cleanup;
+* new K/V written into the fixed-size cache at ``position_ids`` and read back through
+  QEfficient's ``CtxScatter``/``CtxGather`` ONNX functions (``…CB`` on the rows
+  ``batch_index`` names under continuous batching), so one graph serves every seq_len, stale
+  slots need no cleanup and the QAIC compiler sees the ops it is tuned for (custom_ops.py);
+* every RMSNorm as ``CustomRMSNorm`` (same module);
 * the attention mask derived from ``position_ids`` (key slot > query position is masked), so a
   padding position of -1 masks its whole row and writes only slot ctx_len-1, which no valid
   query ever sees;
@@ -28,6 +30,15 @@ from torch import nn
 
 from spdflow.api import ExportRequest, ExportResult, ModelInfo
 from spdflow.errors import StageError
+from spdflow_onnx.custom_ops import (
+    CUSTOM_OPSETS,
+    CtxGather,
+    CtxGatherCB,
+    CtxScatter,
+    CtxScatterCB,
+    add_functions,
+    rms_norm,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 OPSET = 17
@@ -76,22 +87,25 @@ class KVCacheLM(nn.Module):
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _write(self, cache, new, position_ids, batch_index):
-        """The cache with ``new`` [b, kv, s, d] written at ``position_ids`` (rows ``batch_index``)."""
-        b, kv, s, d = new.shape
-        if batch_index is None:
-            # ScatterElements; index -1 lands in slot ctx_len-1 (never visible to a valid query).
-            idx = position_ids.view(b, 1, s, 1).expand(b, kv, s, d)
-            return cache.scatter(2, idx, new)
-        # ScatterND on (row, head, slot): only the rows named by batch_index change.
-        ctx = cache.shape[2]
-        slot = torch.where(position_ids < 0, position_ids + ctx, position_ids)
-        rows = batch_index.view(b, 1, 1).expand(b, kv, s)
-        heads = torch.arange(kv, dtype=torch.int64).view(1, kv, 1).expand(b, kv, s)
-        slots = slot.view(b, 1, s).expand(b, kv, s)
-        return cache.index_put((rows, heads, slots), new)
+    @staticmethod
+    def _write(cache, new, position_ids, batch_index):
+        """The cache with ``new`` [b, kv, s, d] written at ``position_ids`` (rows ``batch_index``).
 
-    def _attend(self, layer, hidden, cos, sin, key_cache, value_cache, mask, position_ids, batch_index):
+        Slot -1 (padding) is slot ctx_len-1, never visible to a valid query.
+        """
+        if batch_index is None:
+            return CtxScatter.apply(cache, position_ids, new)
+        return CtxScatterCB.apply(cache, batch_index, position_ids, new)
+
+    @staticmethod
+    def _read(cache, ctx_indices, comp_ctx_len, batch_index):
+        """Slots ``ctx_indices`` [1, 1, comp_ctx_len] of the cache rows the step attends to."""
+        if batch_index is None:
+            return CtxGather.apply(cache, ctx_indices, comp_ctx_len)
+        return CtxGatherCB.apply(cache, batch_index, ctx_indices, comp_ctx_len)
+
+    def _attend(self, layer, hidden, cos, sin, key_cache, value_cache, mask, position_ids, batch_index,
+                ctx_indices, comp_ctx_len):
         """One self-attention block; returns (output, new key cache, new value cache)."""
         attn = layer.self_attn
         b, s, _ = hidden.shape
@@ -99,17 +113,15 @@ class KVCacheLM(nn.Module):
         k = attn.k_proj(hidden).view(b, s, self.num_kv_heads, self.head_dim)
         v = attn.v_proj(hidden).view(b, s, self.num_kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
         q = self._rotate(q.transpose(1, 2), cos, sin)
         k = self._rotate(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
 
         key_cache = self._write(key_cache, k, position_ids, batch_index)
         value_cache = self._write(value_cache, v, position_ids, batch_index)
-        keys, values = key_cache, value_cache
-        if batch_index is not None:
-            keys = keys[batch_index.view(-1)]
-            values = values[batch_index.view(-1)]
+        keys = self._read(key_cache, ctx_indices, comp_ctx_len, batch_index)
+        values = self._read(value_cache, ctx_indices, comp_ctx_len, batch_index)
 
         # GQA by grouping queries per KV head: broadcasting matmul, no copy of the whole cache.
         groups = self.num_heads // self.num_kv_heads
@@ -143,23 +155,25 @@ class KVCacheLM(nn.Module):
 
         hidden = self.embed_tokens(input_ids)
         cos, sin = self._rope(position_ids, hidden.dtype)
-        ctx = past[0].shape[2]
+        # The compute context length: how many cache slots a step reads (all of them here).
+        comp_ctx_len = torch._shape_as_tensor(past[0])[2:3]
+        ctx_indices = torch.arange(past[0].shape[2], dtype=torch.int64).view(1, 1, -1)
         b, s = position_ids.shape
-        slots = torch.arange(ctx, dtype=torch.int64).view(1, 1, 1, 1, ctx)
-        mask = slots <= position_ids.view(b, 1, 1, s, 1)
+        mask = ctx_indices.view(1, 1, 1, 1, -1) <= position_ids.view(b, 1, 1, s, 1)
 
         retained = []
         for i, layer in enumerate(self.layers):
             residual = hidden
             attn_out, key_cache, value_cache = self._attend(
-                layer, layer.input_layernorm(hidden), cos, sin,
+                layer, rms_norm(layer.input_layernorm, hidden), cos, sin,
                 past[2 * i], past[2 * i + 1], mask, position_ids, batch_index,
+                ctx_indices, comp_ctx_len,
             )
             hidden = residual + attn_out
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + layer.mlp(rms_norm(layer.post_attention_layernorm, hidden))
             retained += [key_cache, value_cache]
 
-        hidden = self._keep_rows(self.norm(hidden), position_ids, num_logits_to_keep)
+        hidden = self._keep_rows(rms_norm(self.norm, hidden), position_ids, num_logits_to_keep)
         logits = self.lm_head(hidden).float()
         return (logits, *retained)
 
@@ -332,11 +346,13 @@ def export_model(request: ExportRequest) -> ExportResult:
             dynamic_axes=dynamic_axes(n_layers, request.continuous_batching),
             opset_version=OPSET,
             do_constant_folding=True,
+            custom_opsets=CUSTOM_OPSETS,
             dynamo=False,
         )
 
     request.progress("writing weights as one external data file")
     proto = onnx.load(str(raw))
+    add_functions(proto)
     onnx_path = work / ONNX_NAME
     onnx.save_model(
         proto,

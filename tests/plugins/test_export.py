@@ -93,11 +93,14 @@ def test_export_writes_contract_io_names_order_and_axes(exported):
     assert by_name["logits"].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
 
 
-def test_export_uses_opset_17_and_standard_ops_only(exported):
+def test_export_uses_opset_17_and_custom_ops_only_as_local_functions(exported):
     _, result, _ = exported
     model = onnx.load(str(result.onnx_path), load_external_data=False)
     assert {o.domain: o.version for o in model.opset_import}.get("", None) == 17
-    assert {node.domain for node in model.graph.node} <= {""}
+    functions = {(f.domain, f.name) for f in model.functions}
+    custom = {(node.domain, node.op_type) for node in model.graph.node if node.domain}
+    assert custom == functions
+    assert {node.domain for f in model.functions for node in f.node} == {""}
 
 
 def test_export_writes_weights_as_one_external_file_inside_work_dir(exported):
