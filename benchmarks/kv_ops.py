@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ort_step import CTX, PREFILL, SEQ_LENS, open_variant, run_worker, step_inputs  # noqa: E402
+from ort_step import CTX, PREFILL, SEQ_LENS, open_variant, step_inputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("baseline", "current")
@@ -67,7 +68,8 @@ def prepare(name: str, variant: str, rev: str, work_dir: Path) -> Path:
         info = exporter.model_info(exporter.load_hf_model(model_dir), request)
         onnx_path = export_dir / "model.onnx"
     else:
-        export_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(export_dir, ignore_errors=True)  # the current exporter may have changed
+        export_dir.mkdir(parents=True)
         result = exporter.export_model(request)
         info, onnx_path = result.model_info, result.onnx_path
     specs = [Specialization("prefill", 1, PREFILL, CTX, 1)]
@@ -96,6 +98,14 @@ def time_worker(programs: dict[str, Path], iterations: int, warmup: int = 5) -> 
                 if iteration >= warmup:
                     samples[variant][s].append((time.perf_counter() - started) * 1000)
     return {v: {str(s): values for s, values in rows.items()} for v, rows in samples.items()}
+
+
+def run_worker(args: list[str]) -> dict:
+    """This script as a worker subprocess (no torch loaded there); its JSON line."""
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"worker {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:

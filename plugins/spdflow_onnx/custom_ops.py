@@ -153,6 +153,13 @@ def _bodies():
         return [node("Shape", [source], [tmp]), const(index_name, [axis]),
                 node("Gather", [tmp, index_name], [out])]
 
+    def _range(start, limit, delta, out):
+        # Range takes scalars; QEfficient passes the 1-element tensors its Concat also uses,
+        # which ONNX Runtime's shape inference rejects once the graph's dims are fixed.
+        names = [f"{out}_{name}" for name in (start, limit, delta)]
+        return [*(node("Squeeze", [src], [dst]) for src, dst in zip((start, limit, delta), names)),
+                node("Range", names, [out])]
+
     epsilon = helper.make_node("Constant", [], ["epsilon"])
     epsilon.attribute.append(
         AttributeProto(name="value_float", ref_attr_name="epsilon", type=AttributeProto.FLOAT)
@@ -187,12 +194,12 @@ def _bodies():
                       node("Expand", ["tmp_3", "exp_shape"], ["batch_idx"])]
             n = 4
         else:
-            nodes += [node("Range", ["zero", "batch_size", "one"], ["tmp_3"]),
+            nodes += [*_range("zero", "batch_size", "one", "tmp_3"),
                       const("const", [1, 2, 3]), node("Unsqueeze", ["tmp_3", "const"], ["tmp_4"]),
                       node("Expand", ["tmp_4", "exp_shape"], ["batch_idx"])]
             n = 5
         nodes += [
-            node("Range", ["zero", "num_heads", "one"], [f"tmp_{n}"]),
+            *_range("zero", "num_heads", "one", f"tmp_{n}"),
             const(f"const_{n + 1}", [0, 2, 3]),
             node("Unsqueeze", [f"tmp_{n}", f"const_{n + 1}"], [f"tmp_{n + 2}"]),
             node("Expand", [f"tmp_{n + 2}", "exp_shape"], ["head_idx"]),
@@ -234,7 +241,7 @@ def _bodies():
         const("const", [2, 3]),
         node("Unsqueeze", ["batch_index", "const"], ["tmp_8"]),
         node("Expand", ["tmp_8", "exp_shape"], ["batch_idx"]),
-        node("Range", ["zero", "num_heads", "one"], ["tmp_9"]),
+        *_range("zero", "num_heads", "one", "tmp_9"),
         const("const_10", [0, 2, 3]),
         node("Unsqueeze", ["tmp_9", "const_10"], ["tmp_11"]),
         node("Expand", ["tmp_11", "exp_shape"], ["head_idx"]),

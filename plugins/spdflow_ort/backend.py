@@ -20,6 +20,7 @@ from pathlib import Path
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
 from spdflow.engine.cache import sha256_file
 from spdflow.errors import StageError
+from spdflow_ort.lowering import LOWERING_VERSION, lower_custom_ops
 
 BACKEND_NAME = "onnxruntime"
 #: Bumped when the layout of qpc/ changes, so old cache entries are not trusted.
@@ -74,6 +75,7 @@ def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, 
     return {
         "backend": BACKEND_NAME,
         "program_format": PROGRAM_FORMAT,
+        "lowering": LOWERING_VERSION,
         "onnx": {"name": request.onnx_path.name, "graph_sha256": graph_digest, "data_bytes": data_bytes},
         "role": request.role,
         "continuous_batching": request.continuous_batching,
@@ -148,6 +150,7 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
         staging.unlink()
         how = "rewritten"
     request.progress(f"weights placed in qpc/ ({how})")
+    lower_custom_ops(model)
 
     onnx.save_model(model, str(program / DYNAMIC_GRAPH))
     graphs = []
