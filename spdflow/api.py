@@ -104,12 +104,14 @@ class CompileRequest:
     role: str
     continuous_batching: bool
     compile_only: bool = False
-    specializations_format: str = "flat"
     force: bool = False
     progress: Callable[[str], None] = lambda message: None
     #: the model's weight dtype (recipe ``model.dtype``): float32 | float16 | bfloat16. QAIC
     #: derives the KV cache precision and -convert-to-fp16 from it.
     dtype: str = "float32"
+    #: the backend's validated ``devices.with:`` block (an instance of the config model it
+    #: registered), or None when it registered none.
+    backend_config: "BaseModel | None" = None
 
 
 @dataclass
@@ -348,6 +350,9 @@ class StepOutcome:
 class KPolicy:
     """Chooses the compiled K of a step from the proposal counts of the batch.
 
+    Registered with a config model, the factory gets the recipe's validated ``k_policy.with:``
+    block (``factory(config)``); without one, ``factory()``.
+
     The engine calls, per generation: ``start`` once, then every decode step, in this order,
     ``propose_budget`` (before the proposer runs), ``choose_k`` (after it) and ``observe``
     (after the verify and accept). Only ``choose_k`` is required; the others let a policy
@@ -361,6 +366,14 @@ class KPolicy:
     #: True asks the engine to score every proposal against the tokens generated after it
     #: (``StepOutcome.scored``), so a policy learns how long proposals hold even at K = 0.
     wants_scores: bool = False
+
+    def required_ks(self, compiled_ks: Sequence[int]) -> list[int]:
+        """The Ks this policy may choose from the recipe's K-list; each needs a compiled shape.
+
+        Lint's shape coverage and the engine ask it before anything runs: a policy that only
+        ever needs K = 0 runs without a proposer. The default is every K of the list.
+        """
+        return sorted(set(compiled_ks))
 
     def start(self, compiled_ks: Sequence[int], rows: int, step_costs: dict[int, float] | None) -> None:
         """Before the first step: the compiled K-list, the batch rows, and (when asked for)

@@ -120,7 +120,7 @@ def mode_setup(mode: str, recipe) -> tuple[str, bool]:
         return "nospec", False
     if mode == "fixed":
         return "fixed", True
-    return recipe.k_policy, True
+    return recipe.k_policy.uses, True
 
 
 # ------------------------------------------------------------------------------ memory
@@ -234,10 +234,12 @@ class BatchBench:
 
     def _generate(self, mode: str, records: list) -> list:
         from spdflow.engine.generate import Generator
+        from spdflow.plugins import make_k_policy
 
         recipe = self.recipe
         policy_name, with_proposer = mode_setup(mode, recipe)
-        policy = self.pm.lookup("k_policy", policy_name).factory()
+        own = recipe.k_policy.with_ if policy_name == recipe.k_policy.uses else None
+        policy = make_k_policy(self.pm, policy_name, own)
         acceptor = self.pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
         proposer, name = None, ""
         if with_proposer and recipe.proposer is not None:

@@ -68,9 +68,12 @@ def spdflow_register_backends(register: Callable[..., None]) -> None:
 
     Called once when the plugin manager's registry is first built.
 
-    :param register: ``register(name, factory, description="")``; ``factory()`` returns a
-        :class:`spdflow.api.Backend`. Import heavy runtimes inside the factory or later, never
-        at plugin import time: lint loads every plugin.
+    :param register: ``register(name, factory, config=ConfigModel, description="")``;
+        ``factory()`` returns a :class:`spdflow.api.Backend`. ``config`` (optional, a pydantic
+        model with ``extra="forbid"``) validates the recipe's ``devices.with:`` block; the
+        instance reaches the backend as ``CompileRequest.backend_config``. Import heavy
+        runtimes inside the factory or later, never at plugin import time: lint loads every
+        plugin.
 
     Return value is ignored.
     """
@@ -82,7 +85,9 @@ def spdflow_register_k_policies(register: Callable[..., None]) -> None:
 
     Called once when the plugin manager's registry is first built.
 
-    :param register: ``register(name, factory, description="")``; ``factory()`` returns a
+    :param register: ``register(name, factory, config=ConfigModel, description="")``;
+        ``factory(config)`` gets the validated ``k_policy.with:`` block (an instance of
+        ``config``) when a config model is given, else ``factory()`` is called; it returns a
         :class:`spdflow.api.KPolicy`.
 
     Return value is ignored.

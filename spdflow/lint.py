@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from spdflow.plugins import required_ks
 from spdflow.preflight import preflight
 from spdflow.recipe.loader import LoadedRecipe, read_recipe
 from spdflow.recipe.yamlsource import Finding, Location
@@ -44,7 +45,11 @@ def rule_k_list_unique(loaded: LoadedRecipe, pm) -> list[Finding]:
 def rule_k0_when_proposer_may_be_empty(loaded: LoadedRecipe, pm) -> list[Finding]:
     """SPD103: without K=0, steps with no proposal still pay for the smallest K."""
     recipe = loaded.recipe
-    if recipe.proposer is None or 0 in recipe.k_list() or recipe.k_policy not in ("smallest_covering", "goodput"):
+    if recipe.proposer is None or 0 in recipe.k_list():
+        return []
+    policy = _policy(loaded, pm)
+    with_zero = required_ks(policy, [0, *recipe.k_list()]) if policy is not None else []
+    if 0 not in with_zero or len(with_zero) < 2:  # the policy would not pick K = 0 for such steps
         return []
     registration = pm.registry()["proposer"].get(recipe.proposer.uses)
     if registration is None or not getattr(registration.factory, "may_propose_nothing", True):
@@ -52,6 +57,16 @@ def rule_k0_when_proposer_may_be_empty(loaded: LoadedRecipe, pm) -> list[Finding
     return [_warn(loaded, ("num_speculative_tokens",), "SPD103",
                   f"proposer '{recipe.proposer.uses}' may propose nothing, but K=0 is not compiled: such steps verify "
                   f"K={min(recipe.k_list())} padding slots", "add 0 to num_speculative_tokens, e.g. [0, 4]")]
+
+
+def _policy(loaded: LoadedRecipe, pm):
+    """The recipe's K policy, built from its settings as a run builds it (None if it cannot be)."""
+    from spdflow.plugins import make_k_policy
+
+    try:
+        return make_k_policy(pm, loaded.recipe.k_policy.uses, loaded.recipe.k_policy.with_)
+    except Exception:  # an unknown or broken policy is reported elsewhere
+        return None
 
 
 def rule_backend_available(loaded: LoadedRecipe, pm) -> list[Finding]:
@@ -80,24 +95,31 @@ def rule_shape_coverage(loaded: LoadedRecipe, pm) -> list[Finding]:
     compiled = {(s.kind, s.seq_len, s.num_logits_to_keep) for s in shapes or []}
     needed = {("prefill", spec.prefill_seq_len, 1)}
     ks = recipe.k_list()
-    wanted = {"nospec": [0], "fixed": [max(ks)]}.get(recipe.k_policy, ks)
+    policy = _policy(loaded, pm)
+    wanted = required_ks(policy, ks) if policy is not None else ks
     needed |= {("decode", k + 1, k + 1) for k in wanted}
     missing = sorted(needed - compiled)
     if not missing:
         return []
     text = ", ".join(f"{kind} seq_len={s}" for kind, s, _ in missing)
     return [Finding(loaded.document.location(("num_speculative_tokens",)), "SPD105",
-                    f"k_policy '{recipe.k_policy}' needs shapes that are not compiled: {text}",
+                    f"k_policy '{recipe.k_policy.uses}' needs shapes that are not compiled: {text}",
                     "add the missing K to num_speculative_tokens (nospec needs 0)")]
 
 
-def rule_fixed_policy_wastes_shapes(loaded: LoadedRecipe, pm) -> list[Finding]:
-    """SPD106: the fixed policy only ever runs the largest K."""
+def rule_policy_wastes_shapes(loaded: LoadedRecipe, pm) -> list[Finding]:
+    """SPD106: a policy that only runs some of the K-list (e.g. fixed: the largest) wastes the rest."""
     ks = loaded.recipe.k_list()
-    if loaded.recipe.k_policy != "fixed" or len(ks) == 1:
+    policy = _policy(loaded, pm)
+    if policy is None:
         return []
-    return [_warn(loaded, ("k_policy",), "SPD106", f"k_policy 'fixed' only runs K={max(ks)}; the other shapes of {ks} are compiled for nothing",
-                  f"set num_speculative_tokens: {max(ks)} or use k_policy: smallest_covering")]
+    used = sorted(set(required_ks(policy, ks)) & set(ks))
+    if not used or len(used) == len(ks):
+        return []
+    name = loaded.recipe.k_policy.uses
+    shown = used[0] if len(used) == 1 else used
+    return [_warn(loaded, ("k_policy",), "SPD106", f"k_policy '{name}' only runs K={shown}; the other shapes of {ks} are compiled for nothing",
+                  f"set num_speculative_tokens: {shown} or use a policy that chooses among them")]
 
 
 #: Rules about the recipe text alone. The checks against files and this machine (models, prompt
@@ -107,7 +129,7 @@ RULES: tuple[Callable[[LoadedRecipe, object], list[Finding]], ...] = (
     rule_k_list_sorted,
     rule_k_list_unique,
     rule_k0_when_proposer_may_be_empty,
-    rule_fixed_policy_wastes_shapes,
+    rule_policy_wastes_shapes,
 )
 
 

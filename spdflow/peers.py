@@ -51,7 +51,7 @@ def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> d
         "eos_token_ids": [] if recipe.workload.ignore_eos else list(info.eos_token_ids),
         "pad_token_id": info.pad_token_id, "batch_size": batch_size, "repeats": repeats,
         "k": max(recipe.k_list()), "ngram": getattr(config, "prompt_lookup_max", 2) if uses == "prompt_lookup" else 2,
-        "threads": recipe.devices.threads,
+        "threads": recipe.devices.with_.get("threads"),  # the backend's thread count, when it has one
     }
 
 

@@ -173,6 +173,41 @@ def unknown_name_hint(kind: str, name: str, pm: "SpdflowPluginManager") -> str:
     return hint
 
 
+def plugin_config(pm: "SpdflowPluginManager", kind: str, name: str, settings: dict | None) -> Any:
+    """The ``with:`` block ``settings`` validated by the config model ``name`` registered.
+
+    None when the plugin registered no model. The recipe loader reports a bad block with its
+    location first, so one here (a bench row, a draft model) is a one-sentence RecipeError.
+    """
+    from pydantic import ValidationError
+
+    from spdflow.errors import RecipeError
+
+    registration = pm.lookup(kind, name)
+    if registration.config is None:
+        return None
+    try:
+        return registration.config.model_validate(settings or {})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RecipeError(f"the settings of {kind.replace('_', ' ')} '{name}' are invalid: {where}: {first['msg']}") from None
+
+
+def make_k_policy(pm: "SpdflowPluginManager", name: str, settings: dict | None = None):
+    """A fresh K policy: ``factory(config)`` when it registered a config model, else ``factory()``."""
+    registration = pm.lookup("k_policy", name)
+    config = plugin_config(pm, "k_policy", name, settings)
+    return registration.factory() if registration.config is None else registration.factory(config)
+
+
+def required_ks(policy, k_list) -> list[int]:
+    """The Ks ``policy`` may choose from ``k_list`` (every K for a policy without ``required_ks``,
+    e.g. one that does not derive from :class:`spdflow.api.KPolicy`)."""
+    ask = getattr(policy, "required_ks", None)
+    return list(ask(k_list)) if ask is not None else sorted(set(k_list))
+
+
 def get_plugin_manager(*, load_entry_points: bool = True) -> SpdflowPluginManager:
     """A fresh plugin manager with the built-in glue and (by default) every installed plugin."""
     from spdflow import builtin

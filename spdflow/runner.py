@@ -59,7 +59,7 @@ def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> tuple[str, li
              f"output: {recipe.output_dir()}",
              f"model: {recipe.model.id} ({recipe.model.dtype})",
              f"proposer: {recipe.proposer.uses if recipe.proposer else 'none (no-spec)'}; "
-             f"K-list {recipe.k_list()}; k_policy {recipe.k_policy}; acceptance {recipe.resolved_acceptance()}",
+             f"K-list {recipe.k_list()}; k_policy {recipe.k_policy.uses}; acceptance {recipe.resolved_acceptance()}",
              "stages: export -> specialize -> compile -> generate -> report",
              f"specializations ({len(shapes)}):"]
     lines += [f"  {s.kind:8} " + " ".join(f"{k}={v}" for k, v in s.symbols().items()) for s in shapes]

@@ -22,7 +22,7 @@ proposer:
   with: {{prompt_lookup_min: 1, prompt_lookup_max: 2}}
 num_speculative_tokens: [2, 4]
 specialization: {{prefill_seq_len: 16, ctx_len: 64, batch_size: 1}}
-devices: {{backend: onnxruntime, threads: 1}}
+devices: {{backend: onnxruntime, with: {{threads: 1}}}}
 workload:
   prompts: ["def add(a, b):\\n    return a + b\\n\\ndef add(", "x = x + 1\\nx = x + 1\\nx = x"]
   max_new_tokens: 6

@@ -114,11 +114,11 @@ def _typed_field_values():
             "prefill_seq_len": numbers, "ctx_len": numbers, "batch_size": numbers, "full_batch_size": scalars}),
         "devices": st.fixed_dictionaries({}, optional={
             "backend": st.one_of(st.just("onnxruntime"), texts), "device_ids": st.lists(numbers, max_size=3),
-            "num_cores": numbers, "compiler_options": values}),
+            "with": values, "num_cores": numbers}),
         "workload": st.fixed_dictionaries({}, optional={
             "prompts": st.one_of(st.lists(texts, max_size=3), values), "file": texts, "builtin": texts,
             "max_new_tokens": numbers, "temperature": numbers, "top_p": numbers, "count": numbers}),
-        "k_policy": texts, "acceptance": texts, "output": texts, "extra": values,
+        "k_policy": st.one_of(texts, st.fixed_dictionaries({"uses": texts}, optional={"with": values})), "acceptance": texts, "output": texts, "extra": values,
     })
 
 

@@ -39,7 +39,7 @@ specialization:
   ctx_len: 64
 devices:
   backend: onnxruntime
-  threads: 1
+  with: {{threads: 1}}
 workload:
   prompts: {prompts}
   max_new_tokens: {max_new_tokens}

@@ -38,7 +38,7 @@ specialization:
   ctx_len: 128
 devices:
   backend: onnxruntime
-  threads: 1
+  with: {threads: 1}
 workload:
   prompts: ["def f(x):\\n    return x + 1\\n\\ndef g(x):", "import os\\nimport sys\\n", "for i in range(10):"]
   max_new_tokens: 60

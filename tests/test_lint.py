@@ -37,6 +37,34 @@ def test_nospec_policy_without_k0_is_a_shape_coverage_error(write_recipe, pm):
     assert "SPD105" in codes(result) and result.exit_code(strict=False) == 1
 
 
+def test_a_policy_that_runs_only_some_k_wastes_the_others(write_recipe, pm):
+    fixed = lint_paths([str(write_recipe(MINIMAL + "k_policy: fixed\n"))], pm)
+    assert codes(fixed) == ["SPD106"] and "k_policy 'fixed' only runs K=4" in fixed.findings[0].message
+    nospec = lint_paths([str(write_recipe(MINIMAL + "k_policy: {uses: nospec}\n"))], pm)
+    assert codes(nospec) == ["SPD106"] and "only runs K=0" in nospec.findings[0].message
+
+
+def test_shape_coverage_asks_the_policy_which_k_it_needs(write_recipe, pm):
+    from spdflow.api import KPolicy
+    from spdflow.hookspecs import hookimpl
+
+    class NeedsTwo(KPolicy):
+        def required_ks(self, compiled_ks):
+            return [2]
+
+        def choose_k(self, proposal_counts, compiled_ks):
+            return 2
+
+    class Plugin:
+        @hookimpl
+        def spdflow_register_k_policies(self, register):
+            register("needs_two", NeedsTwo)
+
+    pm.add_plugin(Plugin(), "needs_two_plugin")
+    result = lint_paths([str(write_recipe(MINIMAL + "k_policy: needs_two\n"))], pm)
+    assert "SPD105" in codes(result) and "decode seq_len=3" in result.findings[codes(result).index("SPD105")].message
+
+
 def test_qaic_backend_without_sdk_is_a_warning(write_recipe, pm):
     result = lint_paths([str(write_recipe(MINIMAL + "devices: {backend: qaic}\n"))], pm)
     assert codes(result) == ["SPD104"] and result.exit_code(strict=False) == 0

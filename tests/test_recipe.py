@@ -36,6 +36,20 @@ BAD = [
     ("version: 1\nname: t\nmodel: {id: x}\nproposer: {uses: prompt_lookup, with: {prompt_lookup_maxx: 3}}\n"
      "num_speculative_tokens: [0, 3]\n", "SPD010", 4, 40, "did you mean 'prompt_lookup_max'"),
     ("- a\n- b\n", "SPD012", 1, 1, "must be a YAML mapping"),
+    ("version: 1\nname: t\nmodel: {id: x}\ndevices: {backend: onnxruntime, threads: 2}\n", "SPD010", 4, 33,
+     "devices.threads moved to devices.with.threads"),
+    ("version: 1\nname: t\nmodel: {id: x}\ndevices:\n  backend: qaic\n  mxfp6_matmul: true\n", "SPD010", 6, 3,
+     "devices.mxfp6_matmul moved to devices.with.mxfp6_matmul"),
+    ("version: 1\nname: t\nmodel: {id: x}\ndevices: {backend: qaic, with: {num_cors: 4}}\n", "SPD010", 4, 33,
+     "did you mean 'num_cores'"),
+    ("version: 1\nname: t\nmodel: {id: x}\ndevices: {backend: onnxruntime, with: {threads: 0}}\n", "SPD014", 4, 49,
+     "devices.with.threads"),
+    ("version: 1\nname: t\nmodel: {id: x}\nk_policy: {uses: goodput, with: {margn: 0.2}}\n", "SPD010", 4, 34,
+     "did you mean 'margin'"),
+    ("version: 1\nname: t\nmodel: {id: x}\nk_policy: {uses: smalest_covering}\n", "SPD022", 4, 18,
+     "did you mean 'smallest_covering'"),
+    ("version: 1\nname: t\nmodel: {id: x}\nk_policy: {uses: fixed, with: {k: 2}}\n", "SPD010", 4, 32,
+     "k policy 'fixed' takes no settings"),
 ]
 
 
@@ -51,7 +65,7 @@ def test_bad_recipe_is_located_and_coded(write_recipe, pm, text, code, line, col
 
 
 def test_all_errors_reported_at_once(write_recipe, pm):
-    text = "version: 1\nname: t\nmodel:\n  id: x\n  dtyp: f\ndevices: {backend: qiac, num_cores: 0}\n"
+    text = "version: 1\nname: t\nmodel:\n  id: x\n  dtyp: f\ndevices: {backend: qiac, device_ids: []}\n"
     loaded = read_recipe(write_recipe(text), pm)
     codes = sorted(f.code for f in loaded.errors)
     assert codes == ["SPD010", "SPD014", "SPD021"]
@@ -90,6 +104,23 @@ def test_override_is_validated_and_named(write_recipe, pm):
 def test_malformed_override_is_a_usage_error(write_recipe, pm):
     with pytest.raises(UsageError):
         read_recipe(write_recipe(), pm, ["num_speculative_tokens"])
+
+
+def test_plugin_settings_are_validated_by_the_plugin_model(write_recipe, pm):
+    from spdflow_decoding import GoodputConfig
+    from spdflow_ort.config import OrtConfig
+
+    text = ("version: 1\nname: t\nmodel: {id: x}\nproposer: {uses: prompt_lookup}\nnum_speculative_tokens: [0, 4]\n"
+            "k_policy: {uses: goodput, with: {margin: 0.25}}\ndevices: {backend: onnxruntime, with: {threads: 2}}\n")
+    loaded = load_recipe(write_recipe(text), pm)
+    assert loaded.k_policy_config == GoodputConfig(margin=0.25)
+    assert loaded.backend_config == OrtConfig(threads=2)
+    assert loaded.recipe.k_policy.uses == "goodput"
+
+
+def test_a_bare_k_policy_name_means_uses(write_recipe, pm):
+    loaded = load_recipe(write_recipe(MINIMAL + "k_policy: goodput\n"), pm)
+    assert loaded.recipe.k_policy.uses == "goodput" and loaded.recipe.k_policy.with_ == {}
 
 
 def test_missing_file_is_a_finding_not_an_exception(tmp_path, pm):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from spdflow.hookspecs import hookimpl
 
 from .acceptance import GreedyAcceptor, RejectionAcceptor, target_distribution
-from .k_policy import FixedK, Goodput, NoSpec, SmallestCovering, smallest_covering_k
+from .k_policy import FixedK, Goodput, GoodputConfig, NoSpec, SmallestCovering, smallest_covering_k
 
 __all__ = [
     "GreedyAcceptor",
@@ -15,6 +15,7 @@ __all__ = [
     "FixedK",
     "NoSpec",
     "Goodput",
+    "GoodputConfig",
     "smallest_covering_k",
 ]
 
@@ -44,6 +45,7 @@ def spdflow_register_k_policies(register):
     register(
         "goodput",
         Goodput,
+        config=GoodputConfig,
         description="Cost-aware varK: the compiled K with the most expected tokens per second, "
         "from measured step costs and per-position acceptance; skips proposing when it cannot pay.",
     )

@@ -9,7 +9,28 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from spdflow.api import KPolicy
+
+
+class GoodputConfig(BaseModel):
+    """The ``with:`` block of ``k_policy: {uses: goodput}``: the estimators' tunables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prior_accept: float = Field(0.6, gt=0.0, lt=1.0, description="Acceptance assumed at proposal position 1 before any is scored.")
+    prior_weight: float = Field(4.0, gt=0.0, description="Pseudo-trials behind each prior (acceptance per position, run_on).")
+    decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
+    cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
+    penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
+    yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
+    peek_share: float = Field(0.01, gt=0.0, le=1.0, description="Share of the run spent on peeks while proposing is skipped.")
+    peek_min: int = Field(4, ge=1, description="Fewest steps between peeks.")
+    peek_max: int = Field(256, ge=1, description="Most steps between peeks.")
+    horizon: float = Field(8.0, gt=0.0, description="Tokens-left scale of the row weights exp(-(most - left) / horizon).")
+    margin: float = Field(0.1, ge=0.0, description="How much better than K = 0 a K must be to leave K = 0.")
+    evidence: int = Field(8, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
 
 
 def smallest_covering_k(proposal_counts: Sequence[int], compiled_ks: Sequence[int]) -> int:
@@ -46,6 +67,9 @@ class FixedK(KPolicy):
 
     name = "fixed"
 
+    def required_ks(self, compiled_ks):
+        return [max(compiled_ks)] if compiled_ks else []
+
     def choose_k(self, proposal_counts, compiled_ks):
         if not compiled_ks:
             raise ValueError("no compiled K to choose from")
@@ -56,6 +80,9 @@ class NoSpec(KPolicy):
     """Always K = 0: the no-spec baseline on the same compiled program."""
 
     name = "nospec"
+
+    def required_ks(self, compiled_ks):
+        return [0]
 
     def choose_k(self, proposal_counts, compiled_ks):
         if 0 not in compiled_ks:
@@ -70,11 +97,11 @@ class Goodput(KPolicy):
 
     What a step at K returns is estimated from per-position acceptance: ``accept[j]`` is the
     chance that proposal j is accepted given that proposals 1..j-1 were (counted over recent
-    proposals, older ones fading by ``DECAY`` per proposal). The counts come from the engine's
+    proposals, older ones fading by ``decay`` per proposal). The counts come from the engine's
     scoring (``wants_scores``): every proposal is compared with the tokens its request goes on
     to generate, so a proposal cut to a smaller K, or not verified at all (K = 0), still shows
-    how far it would have held. Each position starts from a prior of ``PRIOR_WEIGHT``
-    pseudo-trials at the estimate of the position before it (the first at ``PRIOR_ACCEPT``). A
+    how far it would have held. Each position starts from a prior of ``prior_weight``
+    pseudo-trials at the estimate of the position before it (the first at ``prior_accept``). A
     row with n proposals is then worth ``1 + sum_{j <= min(n, K)} prod_{i <= j} accept[i]``
     tokens. What it costs is the verify time of K plus the host time of a step at K: the engine
     times each compiled shape once per session (``step_costs``), and the estimates then follow
@@ -89,22 +116,22 @@ class Goodput(KPolicy):
     steps, starting from what independent steps would give: the chance any row proposes).
     Changes among the larger K use the steady costs. The policy
     picks ``argmax_K tokens(K) / cost(K)``, ties going to the smaller K, and truncates
-    proposals longer than K. Leaving K = 0 to speculate must win by ``MARGIN``: estimates are
+    proposals longer than K. Leaving K = 0 to speculate must win by ``margin``: estimates are
     noisy, and a near tie is not worth a switch.
 
     When no request waits for a slot, a batch finishes with its last row, so a row's tokens
-    are weighted by ``exp(-(most - left) / HORIZON)``: the rows with the most tokens left
+    are weighted by ``exp(-(most - left) / horizon)``: the rows with the most tokens left
     decide, and rows a few steps ahead (which would sit idle at the end anyway) count little.
 
     Before the proposer runs, ``propose_budget`` asks: would full-length proposals, from the
     share of rows that recently returned one, beat K = 0, counting the proposer's own time? If
-    not, steps skip the proposer, but only once the estimate rests on ``EVIDENCE`` scored
-    proposals (or ``4 * EVIDENCE`` proposer calls, for proposers that rarely return one): the
+    not, steps skip the proposer, but only once the estimate rests on ``evidence`` scored
+    proposals (or ``4 * evidence`` proposer calls, for proposers that rarely return one): the
     prior alone must not stop the proposer, since while it is skipped only peeks teach. Every
     ``peek_every`` steps (skipping or not) the proposer
     drafts the full K: these peeks keep the acceptance estimate current at a cost of about
-    ``PEEK_SHARE`` of the run (the interval is the proposer's time plus a step's host time,
-    over that share of a K = 0 step, within ``PEEK_MIN..PEEK_MAX``). So where proposals rarely land, the run costs about
+    ``peek_share`` of the run (the interval is the proposer's time plus a step's host time,
+    over that share of a K = 0 step, within ``peek_min..peek_max``). So where proposals rarely land, the run costs about
     what no-spec costs.
     """
 
@@ -112,19 +139,8 @@ class Goodput(KPolicy):
     wants_step_costs = True
     wants_scores = True
 
-    PRIOR_ACCEPT = 0.6
-    PRIOR_WEIGHT = 4.0
-    DECAY = 0.99
-    COST_EMA = 0.05
-    PENALTY_EMA = 0.1
-    YIELD_EMA = 0.1
-    PEEK_SHARE = 0.01
-    PEEK_MIN, PEEK_MAX = 4, 256
-    HORIZON = 8.0
-    MARGIN = 0.1
-    EVIDENCE = 8
-
-    def __init__(self):
+    def __init__(self, config: "GoodputConfig | None" = None):
+        self.config = config or GoodputConfig()
         self.start([0], 1, None)
 
     def start(self, compiled_ks, rows, step_costs):
@@ -145,7 +161,7 @@ class Goodput(KPolicy):
         self.skipping = False
         self.calls = 0  # proposer calls seen
         self.since_peek = 0
-        self.peek_every = self.PEEK_MIN
+        self.peek_every = self.config.peek_min
         self.left: tuple[int, ...] = ()  # tokens left per row, from the last propose_budget
         self.waiting = 0
         self.weights: list[float] | None = None
@@ -160,9 +176,9 @@ class Goodput(KPolicy):
     def expected_extra(self) -> list[float]:
         """``extra[n]``: expected accepted proposals of a row that proposes n tokens (cached)."""
         if self._extra is None:
-            extra, run, previous = [0.0], 1.0, self.PRIOR_ACCEPT
+            extra, run, previous = [0.0], 1.0, self.config.prior_accept
             for j in range(1, len(self.tries)):
-                previous = (self.hits[j] + self.PRIOR_WEIGHT * previous) / (self.tries[j] + self.PRIOR_WEIGHT)
+                previous = (self.hits[j] + self.config.prior_weight * previous) / (self.tries[j] + self.config.prior_weight)
                 run *= previous
                 extra.append(extra[-1] + run)
             self._extra = extra
@@ -201,17 +217,17 @@ class Goodput(KPolicy):
 
     def run_on(self) -> float:
         """The chance that a step with proposals is followed by another: seen counts, and a
-        prior of ``PRIOR_WEIGHT`` steps at what independent steps would give."""
+        prior of ``prior_weight`` steps at what independent steps would give."""
         alone = any_proposes(self.yield_rate, max(len(self.left), 1))
         seen, again = self.follows
-        return (again + self.PRIOR_WEIGHT * alone) / (seen + self.PRIOR_WEIGHT)
+        return (again + self.config.prior_weight * alone) / (seen + self.config.prior_weight)
 
     def row_weights(self) -> list[float] | None:
         """How much each row's tokens count this step (None: all alike); see the class docstring."""
         if self.weights is None and not self.waiting and self.left:
             most = max(self.left)
             if most > 0:
-                self.weights = [math.exp((n - most) / self.HORIZON) for n in self.left]
+                self.weights = [math.exp((n - most) / self.config.horizon) for n in self.left]
         return self.weights
 
     def step_cost(self, k: int) -> float:
@@ -232,9 +248,9 @@ class Goodput(KPolicy):
         return cost + (1.0 + back) * self.penalty_s
 
     def best(self, rates: dict[int, float]) -> int:
-        """The K of the highest rate (ties to the smaller K); leaving K = 0 must win by MARGIN."""
+        """The K of the highest rate (ties to the smaller K); leaving K = 0 must win by ``margin``."""
         if 0 in rates and self.last_k in (0, None):
-            floor = rates[0] * (1.0 + self.MARGIN)
+            floor = rates[0] * (1.0 + self.config.margin)
             rates = {k: r for k, r in rates.items() if k == 0 or r > floor}
         return max(rates, key=lambda k: (rates[k], -k))
 
@@ -256,7 +272,7 @@ class Goodput(KPolicy):
         # the proposer as well.
         full = [self.ks[-1]] * len(self.left)
         best = self.best(self.rates(full, self.propose_s or 0.0, self.row_weights(), share=self.yield_rate))
-        settled = self.tries[1] >= self.EVIDENCE or self.calls >= 4 * self.EVIDENCE
+        settled = self.tries[1] >= self.config.evidence or self.calls >= 4 * self.config.evidence
         self.skipping = best == 0 and settled
         return k_max if peek or not settled else min(k_max, best)
 
@@ -275,12 +291,12 @@ class Goodput(KPolicy):
         return self.best(self.rates(proposal_counts, weights=self.row_weights()))
 
     def observe(self, outcome):
-        a, k = self.COST_EMA, outcome.k
+        a, k = self.config.cost_ema, outcome.k
         if k == self.last_k:
             self.verify_s[k] += a * (outcome.verify_s - self.verify_s[k])
         elif self.last_k is not None:
             excess = outcome.verify_s - self.verify_s[k]
-            self.penalty_s += self.PENALTY_EMA * (excess - self.penalty_s)
+            self.penalty_s += self.config.penalty_ema * (excess - self.penalty_s)
         host = self.host_s
         if host[k] is None:
             for key in host:  # shapes not run yet start from the first host time seen
@@ -296,21 +312,21 @@ class Goodput(KPolicy):
                 self.propose_s = outcome.propose_s
             self.propose_s += a * (outcome.propose_s - self.propose_s)
             self.calls += 1
-            self.yield_rate += self.YIELD_EMA * (self.offered - self.yield_rate)
+            self.yield_rate += self.config.yield_ema * (self.offered - self.yield_rate)
             some = self.offered > 0
             if self._had_some:
-                keep = 1.0 - self.YIELD_EMA
+                keep = 1.0 - self.config.yield_ema
                 self.follows = [self.follows[0] * keep + 1.0, self.follows[1] * keep + some]
             self._had_some = some
             # A peek costs the proposer and about a step's host work (scoring, estimates).
             low = self.ks[0]
             peek_s = self.propose_s + (host[low] or 0.0)
-            every = peek_s / max(self.PEEK_SHARE * (self.verify_s[low] + (host[low] or 0.0)), 1e-9)
-            self.peek_every = int(min(max(every, self.PEEK_MIN), self.PEEK_MAX))
+            every = peek_s / max(self.config.peek_share * (self.verify_s[low] + (host[low] or 0.0)), 1e-9)
+            self.peek_every = int(min(max(every, self.config.peek_min), self.config.peek_max))
         else:
             self._had_some = False
         if outcome.scored:
-            fade = self.DECAY ** len(outcome.scored)
+            fade = self.config.decay ** len(outcome.scored)
             tries = [t * fade for t in self.tries]
             hits = [h * fade for h in self.hits]
             for checked, matched in outcome.scored:

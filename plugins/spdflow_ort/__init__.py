@@ -6,6 +6,7 @@ every plugin.
 from __future__ import annotations
 
 from spdflow.hookspecs import hookimpl
+from spdflow_ort.config import OrtConfig
 
 
 def _make_backend():
@@ -20,6 +21,7 @@ def spdflow_register_backends(register):
     register(
         "onnxruntime",
         _make_backend,
+        config=OrtConfig,
         description="ONNX Runtime reference backend: one static-shape session per "
         "specialization, KV cache updated in place (CPU; CUDA EP when installed)",
     )

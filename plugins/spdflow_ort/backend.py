@@ -20,6 +20,7 @@ from pathlib import Path
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
 from spdflow.engine.cache import sha256_file
 from spdflow.errors import StageError
+from spdflow_ort.config import OrtConfig
 from spdflow_ort.lowering import LOWERING_VERSION, lower_custom_ops
 
 BACKEND_NAME = "onnxruntime"
@@ -34,7 +35,7 @@ _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
 
 @dataclass
 class OrtProgram(CompiledProgram):
-    """A CompiledProgram plus the runtime choices of the recipe's devices section."""
+    """A CompiledProgram plus the runtime choices of the recipe's ``devices.with:`` block."""
 
     session_mode: str = "static"
     execution_provider: str = "cpu"
@@ -81,7 +82,8 @@ def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, 
         "continuous_batching": request.continuous_batching,
         "num_speculative_tokens": sorted(set(request.num_speculative_tokens)),
         "specializations": [spec.symbols() for spec in request.specializations],
-        "specializations_format": request.specializations_format,
+        # onnxruntime reads no specializations.json; kept so existing cache keys stay valid.
+        "specializations_format": "flat",
         "custom_io": [list(entry) for entry in custom_io],
     }
 
@@ -121,11 +123,11 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
     import onnx
     import onnxruntime
 
-    from spdflow.qpc import render_custom_io, specializations_document, write_json_atomic
+    from spdflow.qpc import write_json_atomic
+    from spdflow_qaic.formats import render_custom_io, specializations_document
 
     specs = request.specializations
-    write_json_atomic(work / "specializations.json",
-                      specializations_document(specs, request.specializations_format))
+    write_json_atomic(work / "specializations.json", specializations_document(specs))
     (work / "custom_io.yaml").write_text(render_custom_io(custom_io), encoding="utf-8")
     write_json_atomic(work / "hashed_compile_params.json", params)
     write_json_atomic(work / "qconfig.json", _qconfig(request, onnxruntime.__version__))
@@ -184,7 +186,7 @@ def _qconfig(request: CompileRequest, ort_version: str) -> dict:
         model_config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         model_config = None
-    devices = request.devices
+    config = ort_config(request)
     return {
         "model": {
             "name": info.name,
@@ -203,12 +205,13 @@ def _qconfig(request: CompileRequest, ort_version: str) -> dict:
         ],
         "backend": {"name": BACKEND_NAME, "onnxruntime_version": ort_version},
         # Runtime defaults at build time; sessions prefer what the current recipe says.
-        "devices": {
-            "execution_provider": getattr(devices, "execution_provider", "cpu"),
-            "session_mode": getattr(devices, "session_mode", "static"),
-            "threads": getattr(devices, "threads", None),
-        },
+        "devices": config.model_dump(mode="json"),
     }
+
+
+def ort_config(request: CompileRequest) -> OrtConfig:
+    """The request's validated ``devices.with:`` block (defaults when none was given)."""
+    return request.backend_config if request.backend_config is not None else OrtConfig()
 
 
 class OrtBackend(Backend):
@@ -236,7 +239,8 @@ class OrtBackend(Backend):
         """Build ``export_dir/qpc-<key>/`` unless a complete one exists (then it is reused)."""
         import onnx
 
-        from spdflow.qpc import atomic_dir, custom_io_entries, short_hash
+        from spdflow.qpc import atomic_dir, short_hash
+        from spdflow_qaic.formats import custom_io_entries
 
         onnx_path = Path(request.onnx_path)
         if not onnx_path.is_file():
@@ -244,9 +248,7 @@ class OrtBackend(Backend):
                 f"onnxruntime compile: {onnx_path} does not exist; run the export stage again"
             )
         model = onnx.load(str(onnx_path), load_external_data=False)
-        custom_io = custom_io_entries(
-            request.model_info, _kv_dtype(model.graph), request.devices.mxint8_kv_cache
-        )
+        custom_io = custom_io_entries(request.model_info, _kv_dtype(model.graph), False)
         locations = _weight_locations(model.graph)
         data_bytes = sum((onnx_path.parent / loc).stat().st_size for loc in sorted(locations)
                          if (onnx_path.parent / loc).is_file())
@@ -271,7 +273,7 @@ class OrtBackend(Backend):
 
     @staticmethod
     def _program(request: CompileRequest, qpc_dir: Path, key: str, *, cached: bool, reason: str) -> OrtProgram:
-        devices = request.devices
+        config = ort_config(request)
         return OrtProgram(
             backend=BACKEND_NAME,
             qpc_dir=qpc_dir,
@@ -280,16 +282,16 @@ class OrtBackend(Backend):
             reason=reason,
             specializations=list(request.specializations),
             model_info=request.model_info,
-            session_mode=getattr(devices, "session_mode", "static"),
-            execution_provider=getattr(devices, "execution_provider", "cpu"),
-            threads=getattr(devices, "threads", None),
+            session_mode=config.session_mode,
+            execution_provider=config.execution_provider,
+            threads=config.threads,
         )
 
     def open_session(self, program: CompiledProgram, *, threads: int | None = None):
         """An :class:`~spdflow_ort.session.OrtSession` on the program, its KV cache zeroed.
 
-        Mode, execution provider and threads come from the program (the recipe's devices
-        section); ``threads`` overrides the thread count.
+        Mode, execution provider and threads come from the program (the recipe's
+        ``devices.with:``); ``threads`` overrides the thread count.
         """
         from spdflow_ort.session import OrtSession
 

@@ -90,7 +90,7 @@ def providers_for(execution_provider: str) -> list[str]:
     if wanted not in ort.get_available_providers():
         raise BackendUnavailableError(
             f"onnxruntime {ort.__version__} here has no {wanted}; install onnxruntime-gpu "
-            "or set devices.execution_provider: cpu"
+            "or set devices.with.execution_provider: cpu"
         )
     return [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
 

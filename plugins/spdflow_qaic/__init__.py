@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from spdflow.hookspecs import hookimpl
 from spdflow_qaic.backend import QaicBackend
+from spdflow_qaic.config import QaicConfig
 
-__all__ = ["QaicBackend"]
+__all__ = ["QaicBackend", "QaicConfig"]
 
 
 @hookimpl
@@ -16,6 +17,7 @@ def spdflow_register_backends(register):
     register(
         "qaic",
         QaicBackend,
+        config=QaicConfig,
         description="Qualcomm Cloud AI 100: qaic-compile builds qpc-<hash>/, qaicrt runs it "
         "(--compile-only works without the SDK).",
     )

@@ -20,16 +20,15 @@ from typing import Any
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Session
 from spdflow.errors import BackendUnavailableError, StageError
-from spdflow.qpc import (
+from spdflow.qpc import short_hash, write_text_atomic
+from spdflow_qaic.config import QaicConfig
+from spdflow_qaic.formats import (
     PROGRAM_MARKER,
     custom_io_entries,
     mdp_config,
     mdp_file_name,
     render_custom_io,
-    short_hash,
     specializations_document,
-    write_json_atomic,
-    write_text_atomic,
 )
 
 SDK_ROOT = Path("/opt/qti-aic")
@@ -78,6 +77,11 @@ def compiler_available(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
+def qaic_config(request: CompileRequest) -> QaicConfig:
+    """The request's validated ``devices.with:`` block (defaults when none was given)."""
+    return request.backend_config if request.backend_config is not None else QaicConfig()
+
+
 def model_dtype(request: CompileRequest) -> str:
     """The weight dtype: CompileRequest.dtype, else a dtype on ModelInfo, else float32."""
     return getattr(request, "dtype", None) or getattr(request.model_info, "dtype", None) or "float32"
@@ -100,8 +104,8 @@ def extra_option_flags(options: dict[str, Any]) -> list[str]:
         normalized = key.lstrip("-").replace("_", "-").lower()
         if normalized in RESERVED_OPTIONS:
             raise StageError(
-                f"devices.compiler_options sets {key!r}, which spdflow derives itself; "
-                "remove it and use the matching devices field (num_cores, mxfp6_matmul, ...)"
+                f"devices.with.compiler_options sets {key!r}, which spdflow derives itself; "
+                "remove it and use the matching devices.with field (num_cores, mxfp6_matmul, ...)"
             )
         flag = option_flag(key, value)
         if flag is not None:
@@ -111,17 +115,17 @@ def extra_option_flags(options: dict[str, Any]) -> list[str]:
 
 def option_flags(request: CompileRequest) -> list[str]:
     """The flags that do not name a file: -aic-hw ... extras (QEfficient steps 1-6)."""
-    devices = request.devices
-    flags = ["-aic-hw", f"-aic-hw-version={devices.aic_hw_version}"]
-    if devices.compiler == "qaic-exec":
+    config = qaic_config(request)
+    flags = ["-aic-hw", f"-aic-hw-version={config.aic_hw_version}"]
+    if config.compiler == "qaic-exec":
         flags.append("-compile-only")  # qaic-exec runs the program after compiling otherwise
     flags.append("-retained-state")
     if model_dtype(request) in ("float32", "float16"):
         flags.append("-convert-to-fp16")
-    flags.append(f"-aic-num-cores={devices.num_cores}")
-    if devices.mxfp6_matmul:
+    flags.append(f"-aic-num-cores={config.num_cores}")
+    if config.mxfp6_matmul:
         flags.append("-mxfp6-matmul")
-    flags.extend(extra_option_flags(devices.compiler_options))
+    flags.extend(extra_option_flags(config.compiler_options))
     return flags
 
 
@@ -171,25 +175,26 @@ def compile_params(request: CompileRequest) -> dict:
     The compiler enters by name, not path, so a fake or relocated compiler and a later run
     of compile.sh share the directory. The K-list enters sorted, so [4, 0] == [0, 4].
     """
-    devices = request.devices
-    num_devices = len(devices.device_ids)
+    config = qaic_config(request)
+    device_ids = request.devices.device_ids
+    num_devices = len(device_ids)
     return {
         "backend": "qaic",
-        "compiler": devices.compiler,
+        "compiler": config.compiler,
         "command": option_flags(request),
         "onnx": onnx_identity(Path(request.onnx_path)),
         "specializations": specializations_document(
-            request.specializations, request.specializations_format
+            request.specializations, config.specializations_format
         ),
         "custom_io": [list(entry) for entry in _custom_io(request)],
         "mdp_ts_num_devices": num_devices,
-        "mdp_ts_json": mdp_config(devices.device_ids, devices.num_cores) if num_devices > 1 else None,
+        "mdp_ts_json": mdp_config(device_ids, config.num_cores) if num_devices > 1 else None,
         "num_speculative_tokens": sorted(set(request.num_speculative_tokens)),
     }
 
 
 def _custom_io(request: CompileRequest) -> list[tuple[str, str]]:
-    return custom_io_entries(request.model_info, model_dtype(request), request.devices.mxint8_kv_cache)
+    return custom_io_entries(request.model_info, model_dtype(request), qaic_config(request).mxint8_kv_cache)
 
 
 # ------------------------------------------------------------------------------ the files
@@ -203,7 +208,7 @@ def plan_compile(request: CompileRequest) -> CompilePlan:
         raise StageError(f"cannot compile {request.role} for qaic: {exc}") from None
     key = short_hash(params)
     qpc_dir = Path(request.export_dir) / f"qpc-{key}"
-    compiler = compiler_path(request.devices.compiler)
+    compiler = compiler_path(qaic_config(request).compiler)
     command = build_command(request, compiler, qpc_dir)
     num_devices = params["mdp_ts_num_devices"]
     files = {
@@ -237,7 +242,7 @@ def qconfig(request: CompileRequest, params: dict, command: list[str]) -> dict:
         "continuous_batching": request.continuous_batching,
         "num_speculative_tokens": params["num_speculative_tokens"],
         "specializations": params["specializations"],
-        "devices": request.devices.model_dump(mode="json"),
+        "devices": {"device_ids": list(request.devices.device_ids), **qaic_config(request).model_dump(mode="json")},
         "compiler": {"command": command, "compile_only": request.compile_only},
         "sdk_versions": sdk_versions(),
     }
@@ -268,11 +273,11 @@ def compile_script(request: CompileRequest, qpc_dir: Path) -> str:
     The ONNX is named relative to the qpc dir, so copying the export folder (ONNX plus
     qpc-<hash>/) to a QAIC host and running ``sh qpc-<hash>/compile.sh`` reproduces the compile.
     """
-    devices = request.devices
+    device_ids = request.devices.device_ids
     onnx_rel = os.path.relpath(Path(request.onnx_path).resolve(), Path(qpc_dir).resolve())
     flags = [shlex.quote(flag) for flag in option_flags(request)]
     flags.insert(2, '"-m=$ONNX"')
-    flags += [f'"{flag}"' for flag in file_flags("$HERE", len(devices.device_ids))]
+    flags += [f'"{flag}"' for flag in file_flags("$HERE", len(device_ids))]
     body = " \\\n    ".join(['"$COMPILER"', *flags, '"$@"'])
     return (
         "#!/bin/sh\n"
@@ -281,7 +286,7 @@ def compile_script(request: CompileRequest, qpc_dir: Path) -> str:
         "# copied as a whole. QAIC_COMPILER overrides the compiler, SPDFLOW_ONNX the model.\n"
         "set -eu\n"
         'HERE="$(cd "$(dirname "$0")" && pwd)"\n'
-        f'COMPILER="${{QAIC_COMPILER:-{_shell_word(str(SDK_ROOT / "exec" / devices.compiler))}}}"\n'
+        f'COMPILER="${{QAIC_COMPILER:-{_shell_word(str(SDK_ROOT / "exec" / qaic_config(request).compiler))}}}"\n'
         f'ONNX="${{SPDFLOW_ONNX:-$HERE/{_shell_word(onnx_rel)}}}"\n'
         "# The compiler writes qpc/ itself; a previous, possibly partial, one is removed first.\n"
         'rm -rf "$HERE/qpc"\n'

@@ -32,6 +32,7 @@ from spdflow.api import (
 )
 from spdflow.engine import cache
 from spdflow.errors import PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
+from spdflow.plugins import make_k_policy, plugin_config, required_ks
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
 
@@ -46,7 +47,6 @@ class RunOptions:
     compile_only: bool = False
     check_lossless: bool = False
     report_path: Path | None = None
-    k_policy: str | None = None  # bench overrides
     proposer_off: bool = False
 
 
@@ -120,6 +120,25 @@ def specializations_for(pm, recipe: Recipe, k_list: list[int] | None = None) -> 
     if not shapes:
         raise PluginError("no plugin implements spdflow_specialize", hint="reinstall spdflow (the 'shapes' plugin)")
     return list(shapes)
+
+
+def speculates(policy, k_list: list[int]) -> bool:
+    """Whether ``policy`` ever verifies K > 0 on this K-list (else no proposer is built)."""
+    return max(required_ks(policy, k_list), default=0) > 0
+
+
+def draft_devices(pm, devices: DevicesSpec, device_ids: list[int] | None, num_cores: int | None) -> DevicesSpec:
+    """The target's devices section with a draft model's own device group and core count.
+
+    ``num_cores`` goes into ``devices.with`` only for a backend whose settings have it.
+    """
+    update: dict[str, Any] = {}
+    if device_ids is not None:
+        update["device_ids"] = device_ids
+    config = pm.lookup("backend", devices.backend).config
+    if num_cores is not None and config is not None and "num_cores" in config.model_fields:
+        update["with_"] = {**devices.with_, "num_cores": num_cores}
+    return devices.model_copy(update=update)
 
 
 def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool) -> str:
@@ -205,8 +224,9 @@ class Engine:
             onnx_path=onnx, export_dir=onnx.parent, specializations=shapes, num_speculative_tokens=k_list,
             devices=devices, model_info=info, role=role,
             continuous_batching=self.recipe.specialization.full_batch_size is not None,
-            compile_only=self.options.compile_only, specializations_format=devices.specializations_format,
-            force=should_force("compile", self.options), progress=self.ui.message, dtype=dtype,
+            compile_only=self.options.compile_only, force=should_force("compile", self.options),
+            progress=self.ui.message, dtype=dtype,
+            backend_config=plugin_config(self.pm, "backend", devices.backend, devices.with_),
         )
         program = self.pm.hook.spdflow_compile(request=request, backend=self.backend())
         if program is None:
@@ -246,15 +266,14 @@ class Engine:
 
     def open_session(self, program: CompiledProgram):
         backend = self.backend()
-        session = backend.open_session(program, threads=self.recipe.devices.threads)
+        session = backend.open_session(program)
         self._sessions.append(session)
         return session
 
     def build_draft_session(self, model_id: str, k_list: list[int], role: str = "draft",
                             device_ids: list[int] | None = None, num_cores: int | None = None):
         """For proposers with their own model: the same stages, its own shapes and devices."""
-        devices = self.recipe.devices.model_copy(update={
-            k: v for k, v in (("device_ids", device_ids), ("num_cores", num_cores)) if v is not None})
+        devices = draft_devices(self.pm, self.recipe.devices, device_ids, num_cores)
         model = ModelSpec(id=model_id, dtype=self.recipe.model.dtype)
         program, info = self.build_model(model, role, sorted(set(k_list)), devices)
         if not program.runnable:
@@ -282,11 +301,10 @@ class Engine:
                                 recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
                                 sampling, recipe.workload.ignore_eos)
             acceptor = self.pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
-            policy_name = self.options.k_policy or recipe.k_policy
-            policy = self.pm.lookup("k_policy", policy_name).factory()
+            policy = make_k_policy(self.pm, recipe.k_policy.uses, recipe.k_policy.with_)
             baseline: dict[int, np.ndarray] = {}
             proposer, proposer_name, proposer_plugin = None, "", ""
-            if recipe.proposer is not None and not self.options.proposer_off and policy_name != "nospec":
+            if recipe.proposer is not None and not self.options.proposer_off and speculates(policy, recipe.k_list()):
                 proposer_name = recipe.proposer.uses
                 proposer_plugin = self._plugin_label(self.pm.lookup("proposer", proposer_name).plugin)
                 proposer = self._make_proposer(info, sampling, baseline)

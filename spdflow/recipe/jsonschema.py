@@ -1,34 +1,46 @@
-"""The recipe's JSON Schema, with each installed proposer's ``with:`` config as a branch."""
+"""The recipe's JSON Schema, with each installed plugin's ``with:`` config as a branch."""
 from __future__ import annotations
 
 from spdflow.recipe.schema import Recipe
 
+#: kind -> (the $defs entry of its recipe section, the key that names the plugin)
+_SECTIONS = {"proposer": ("ProposerSpec", "uses"), "backend": ("DevicesSpec", "backend"),
+             "k_policy": ("KPolicySpec", "uses")}
+
 
 def recipe_json_schema(pm) -> dict:
-    """JSON Schema (draft 2020-12) of a recipe; proposer.with is validated per proposer.uses."""
+    """JSON Schema (draft 2020-12) of a recipe; each ``with:`` is validated per plugin name."""
     schema = Recipe.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "spdflow recipe"
     defs = schema.setdefault("$defs", {})
-    branches = []
-    for name, registration in sorted(pm.registry()["proposer"].items()):
-        if registration.config is None:
+    registry = pm.registry()
+    for kind, (section_name, name_key) in _SECTIONS.items():
+        section = defs.get(section_name)
+        names = sorted(registry[kind])
+        if section is None or not names:
             continue
-        sub = registration.config.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
-        for key, value in sub.pop("$defs", {}).items():
-            defs.setdefault(key, value)
-        def_name = f"proposer_{name}_config"
-        defs[def_name] = sub
-        branches.append({"if": {"properties": {"uses": {"const": name}}},
-                         "then": {"properties": {"with": {"$ref": f"#/$defs/{def_name}"}}}})
-    proposer = defs.get("ProposerSpec")
-    if proposer is not None:
-        proposer["properties"]["uses"]["enum"] = sorted(pm.registry()["proposer"])
+        section["properties"][name_key]["enum"] = names
+        branches = []
+        for name in names:
+            registration = registry[kind][name]
+            if registration.config is None:
+                continue
+            def_name = f"{kind}_{name}_config"
+            defs[def_name] = _config_schema(registration.config, defs)
+            branches.append({"if": {"properties": {name_key: {"const": name}}},
+                             "then": {"properties": {"with": {"$ref": f"#/$defs/{def_name}"}}}})
         if branches:
-            proposer["allOf"] = branches
-    for kind, path in (("backend", ("DevicesSpec", "backend")), ("k_policy", (None, "k_policy"))):
-        names = sorted(pm.registry()[kind])
-        target = defs.get(path[0]) if path[0] else schema
-        if target and names:
-            target["properties"][path[1]]["enum"] = names
+            section["allOf"] = branches
+    for branch in schema["properties"]["k_policy"].get("anyOf", []):
+        if branch.get("type") == "string":  # the bare-name form
+            branch["enum"] = sorted(registry["k_policy"])
     return schema
+
+
+def _config_schema(model, defs: dict) -> dict:
+    """A plugin config model's schema, its own $defs hoisted into the recipe's."""
+    sub = model.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+    for key, value in sub.pop("$defs", {}).items():
+        defs.setdefault(key, value)
+    return sub

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from spdflow.errors import PluginError, RecipeError, UsageError
 from spdflow.recipe import checks
-from spdflow.recipe.schema import Recipe
+from spdflow.recipe.schema import DevicesSpec, Recipe
 from spdflow.recipe.yamlsource import Finding, Location, YamlDocument, YamlProblem, parse_yaml
 
 
@@ -26,6 +26,8 @@ class LoadedRecipe:
     path: Path
     document: YamlDocument | None
     proposer_config: BaseModel | None = None
+    backend_config: BaseModel | None = None
+    k_policy_config: BaseModel | None = None
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -97,8 +99,10 @@ _CODES = {
 _RANGE_TYPES = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long")
 
 
-def pydantic_findings(error: ValidationError, document: YamlDocument, prefix: tuple, model: type[BaseModel]) -> list[Finding]:
-    """Map pydantic errors to located findings, one per error."""
+def pydantic_findings(error: ValidationError, document: YamlDocument, prefix: tuple, model: type[BaseModel],
+                      moved: dict[tuple, tuple[str, str]] | None = None) -> list[Finding]:
+    """Map pydantic errors to located findings, one per error; ``moved`` explains unknown keys
+    that moved elsewhere (path -> message, hint)."""
     findings = []
     for item in error.errors(include_url=False):
         loc = _data_path(document.data, prefix + tuple(item["loc"]))
@@ -106,7 +110,10 @@ def pydantic_findings(error: ValidationError, document: YamlDocument, prefix: tu
         code = _CODES.get(kind, "SPD014" if kind in _RANGE_TYPES else "SPD012")
         where = ".".join(str(p) for p in loc) or "(top level)"
         hint = None
-        if kind == "extra_forbidden":
+        if kind == "extra_forbidden" and loc in (moved or {}):
+            message, hint = moved[loc]
+            location = document.location(loc, key=True)
+        elif kind == "extra_forbidden":
             key = loc[-1]
             allowed = _fields_at(model, loc[len(prefix):-1])
             message = f"unknown key '{key}' in {'.'.join(map(str, loc[:-1])) or 'the recipe'}"
@@ -209,10 +216,11 @@ def validate_document(document: YamlDocument, pm, path: Path) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        loaded.findings.extend(pydantic_findings(exc, document, (), Recipe))
+        loaded.findings.extend(pydantic_findings(exc, document, (), Recipe, moved_keys(data, pm)))
         return loaded
     loaded.recipe = recipe
-    loaded.proposer_config = validate_proposer_config(recipe, document, pm, loaded.findings)
+    for kind, attribute in (("proposer", "proposer_config"), ("backend", "backend_config"), ("k_policy", "k_policy_config")):
+        setattr(loaded, attribute, validate_plugin_config(recipe, kind, document, pm, loaded.findings))
     loaded.findings.extend(checks.run_checks(recipe, document))
     return loaded
 
@@ -236,6 +244,8 @@ def check_names(document: YamlDocument, pm) -> list[Finding]:
     findings = []
     registry = pm.registry()
     for kind, path, code in _NAMED:
+        if isinstance(_value_at(document.data, path), dict):  # k_policy: {uses: name, with: ...}
+            path = path + ("uses",)
         name = _value_at(document.data, path)
         if not isinstance(name, str) or name in registry[kind] or (kind == "acceptor" and name == "auto"):
             continue
@@ -244,18 +254,57 @@ def check_names(document: YamlDocument, pm) -> list[Finding]:
     return findings
 
 
-def validate_proposer_config(recipe: Recipe, document: YamlDocument, pm, findings: list[Finding]) -> BaseModel | None:
-    """Validate ``proposer.with`` against the proposer plugin's own config model."""
-    if recipe.proposer is None:
+#: Where each kind of plugin is named in a recipe, and where its ``with:`` block is.
+PLUGIN_SECTIONS = {"proposer": ("proposer",), "backend": ("devices",), "k_policy": ("k_policy",)}
+
+
+def plugin_section(recipe: Recipe, kind: str):
+    """The recipe section (``uses``/``backend`` plus ``with_``) that names a plugin of ``kind``."""
+    return getattr(recipe, PLUGIN_SECTIONS[kind][0])
+
+
+def plugin_name(section, kind: str) -> str:
+    return section.backend if kind == "backend" else section.uses
+
+
+def validate_plugin_config(recipe: Recipe, kind: str, document: YamlDocument, pm, findings: list[Finding]) -> BaseModel | None:
+    """Validate the ``with:`` block of a proposer, backend or K policy against the plugin's model."""
+    section = plugin_section(recipe, kind)
+    if section is None:
         return None
-    registration = pm.registry()["proposer"].get(recipe.proposer.uses)
-    if registration is None or registration.config is None:
+    registration = pm.registry()[kind].get(plugin_name(section, kind))
+    if registration is None:
+        return None
+    prefix = PLUGIN_SECTIONS[kind] + ("with",)
+    if registration.config is None:
+        if section.with_:
+            key = next(iter(section.with_))
+            findings.append(Finding(document.location(prefix + (key,), key=True), "SPD010",
+                                    f"{kind.replace('_', ' ')} '{registration.name}' takes no settings, but {'.'.join(prefix)} has '{key}'",
+                                    f"remove {'.'.join(prefix)}"))
         return None
     try:
-        return registration.config.model_validate(recipe.proposer.with_)
+        return registration.config.model_validate(section.with_)
     except ValidationError as exc:
-        findings.extend(pydantic_findings(exc, document, ("proposer", "with"), registration.config))
+        findings.extend(pydantic_findings(exc, document, prefix, registration.config))
         return None
+
+
+def moved_keys(data: dict, pm) -> dict[tuple, tuple[str, str]]:
+    """Keys of ``devices`` that now belong in a backend's ``with:`` block -> (message, hint)."""
+    devices = data.get("devices")
+    if not isinstance(devices, dict):
+        return {}
+    moved = {}
+    for key in devices:
+        if not isinstance(key, str) or _field_by_name(DevicesSpec, key) is not None:
+            continue
+        owners = sorted(name for name, registration in pm.registry()["backend"].items()
+                        if registration.config is not None and _field_by_name(registration.config, key) is not None)
+        if owners:
+            moved[("devices", key)] = (f"devices.{key} moved to devices.with.{key}",
+                                       f"backend settings live under devices.with (here a setting of {', '.join(owners)})")
+    return moved
 
 
 def read_recipe(path: Path | str, pm, overrides: list[str] | None = None) -> LoadedRecipe:

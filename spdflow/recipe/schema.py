@@ -7,9 +7,9 @@ Defaults live here and only here. Cross-field rules are small named functions in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 
 class Strict(BaseModel):
@@ -60,40 +60,37 @@ class SpecializationSpec(Strict):
 
 class DevicesSpec(Strict):
     backend: str = Field(
-        "onnxruntime", description="Registered backend: 'onnxruntime' (CPU reference) or 'qaic'."
+        "onnxruntime", description="Registered backend (see `spdflow plugins`), e.g. onnxruntime "
+        "(CPU reference) or qaic."
     )
     device_ids: list[int] = Field(
         default_factory=lambda: [0],
         min_length=1,
-        description="Device group. More than one QAIC device compiles a tensor-sliced MDP program.",
+        description="Device group. More than one device compiles one program over the group.",
     )
-    num_cores: int = Field(16, ge=1, le=64, description="AI cores per device (-aic-num-cores).")
-    mxfp6_matmul: bool = Field(False, description="Compile matmul weights to MXFP6 (-mxfp6-matmul).")
-    mxint8_kv_cache: bool = Field(
-        False, description="Keep the KV cache as MXINT8 (the Precision of every past_* IO in custom_io.yaml)."
-    )
-    aic_hw_version: Literal["ai100", "ai200"] = Field("ai100", description="-aic-hw-version.")
-    compiler: Literal["qaic-compile", "qaic-exec"] = Field(
-        "qaic-compile", description="qaic-compile, or the legacy 'qaic-exec ... -compile-only'."
-    )
-    compiler_options: dict[str, Union[bool, int, str]] = Field(
+    with_: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra compiler flags: key 'mos' with 1 gives -mos=1; true gives a bare flag.",
+        alias="with",
+        description="The backend's own settings, validated by that plugin's config model.",
     )
-    specializations_format: Literal["flat", "named"] = Field(
-        "flat", description="specializations.json format: flat string values (default) or named."
+
+
+class KPolicySpec(Strict):
+    uses: str = Field(
+        "smallest_covering",
+        description="Registered K policy (see `spdflow plugins`), e.g. smallest_covering, goodput, "
+        "fixed, nospec.",
     )
-    threads: int | None = Field(
-        None, ge=1, description="onnxruntime: intra-op threads (default: all cores)."
+    with_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="with",
+        description="The K policy's own settings, validated by that plugin's config model.",
     )
-    execution_provider: Literal["cpu", "cuda"] = Field(
-        "cpu", description="onnxruntime: CPU, or the CUDA execution provider when installed."
-    )
-    session_mode: Literal["static", "dynamic"] = Field(
-        "static",
-        description="onnxruntime: one static-shape session per specialization (faster, default) "
-        "or one dynamic session for all (less memory).",
-    )
+
+
+def _name_means_uses(value: Any) -> Any:
+    """A bare policy name stands for ``{uses: name}``."""
+    return {"uses": value} if isinstance(value, str) else value
 
 
 class WorkloadSpec(Strict):
@@ -126,10 +123,9 @@ class Recipe(Strict):
         default_factory=lambda: [0],
         description="The K-list: one decode shape of seq_len K+1 is compiled per K. An int means [K].",
     )
-    k_policy: str = Field(
-        "smallest_covering",
-        description="How each step picks K: smallest_covering (varK), goodput (cost-aware varK), "
-        "fixed (largest K), nospec.",
+    k_policy: Annotated[KPolicySpec, BeforeValidator(_name_means_uses, json_schema_input_type=Union[str, KPolicySpec])] = Field(
+        default_factory=KPolicySpec,
+        description="How each step picks K: a registered policy name, or {uses: name, with: {...}}.",
     )
     acceptance: str = Field(
         "auto", description="greedy, rejection, or auto (greedy at temperature 0, else rejection)."

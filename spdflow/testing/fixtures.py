@@ -53,7 +53,7 @@ def tiny_recipe(model_dir: Path, output_dir: Path, *, proposer: dict | None = No
         "num_speculative_tokens": list(k_list),
         "k_policy": k_policy,
         "specialization": specialization,
-        "devices": {"backend": "onnxruntime", "threads": 1},
+        "devices": {"backend": "onnxruntime", "with": {"threads": 1}},
         "workload": {"prompts": list(prompts), "max_new_tokens": max_new_tokens},
         "output": str(output_dir),
     }

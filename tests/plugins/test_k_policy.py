@@ -55,7 +55,9 @@ def test_k_policies_and_acceptors_are_registered_through_the_entry_point():
 # ---------------------------------------------------------------------------------- goodput
 
 from spdflow.api import StepContext, StepOutcome  # noqa: E402
-from spdflow_decoding import Goodput  # noqa: E402
+from spdflow_decoding import Goodput, GoodputConfig  # noqa: E402
+
+DEFAULTS = GoodputConfig()
 
 KS = [0, 2, 4, 7]
 
@@ -118,8 +120,8 @@ def test_goodput_peeks_at_the_proposer_while_speculation_cannot_pay():
     assert [i for i, b in enumerate(budgets) if b] == [4, 9, 14, 19]
     assert all(budgets[i] == 7 for i in (4, 9, 14, 19))  # a peek drafts everything
     assert policy.choose_k([7], KS) == 0  # ... and the proposal is scored, not verified
-    # A cheap proposer is peeked at every PEEK_MIN steps, a dear one at most every PEEK_MAX.
-    for propose_s, every in [(0.0001, Goodput.PEEK_MIN), (100.0, Goodput.PEEK_MAX)]:
+    # A cheap proposer is peeked at every peek_min steps, a dear one at most every peek_max.
+    for propose_s, every in [(0.0001, DEFAULTS.peek_min), (100.0, DEFAULTS.peek_max)]:
         policy.propose_s = propose_s
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, propose_s, 0.0))
         assert policy.peek_every == every
@@ -236,7 +238,7 @@ def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
     # Verifying is dear: with the prior acceptance alone, speculation would not pay.
     policy = goodput({0: 1.0, 2: 2.5, 4: 3.0, 7: 3.5})
     assert policy.best(policy.rates([7], share=1.0)) == 0
-    for _ in range(Goodput.EVIDENCE - 1):  # too few scored proposals to settle on skipping
+    for _ in range(DEFAULTS.evidence - 1):  # too few scored proposals to settle on skipping
         assert policy.propose_budget(7, context()) > 0
         policy.choose_k([7], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0, ((1, 0),)))
@@ -246,8 +248,8 @@ def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
     # A proposer that never proposes is settled by its calls instead.
     policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
     budgets = []
-    for _ in range(4 * Goodput.EVIDENCE + 2):
+    for _ in range(4 * DEFAULTS.evidence + 2):
         budgets.append(policy.propose_budget(7, context()))
         policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
-    assert all(budgets[: 4 * Goodput.EVIDENCE]) and budgets[-1] == 0
+    assert all(budgets[: 4 * DEFAULTS.evidence]) and budgets[-1] == 0

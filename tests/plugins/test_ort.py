@@ -13,6 +13,7 @@ import torch
 from spdflow.api import CompileRequest, ExportRequest, Specialization
 from spdflow.errors import StageError
 from spdflow.recipe.schema import DevicesSpec, ModelSpec
+from spdflow_ort.config import OrtConfig
 from spdflow.testing.models import make_tiny_model
 from spdflow_onnx.export import export_model, load_hf_model
 from spdflow_ort.backend import OrtBackend
@@ -56,7 +57,8 @@ class Built:
     def request(self, specs, ks=KS, **devices):
         return CompileRequest(
             onnx_path=self.export.onnx_path, export_dir=self.root / "export",
-            specializations=specs, num_speculative_tokens=ks, devices=DevicesSpec(**devices),
+            specializations=specs, num_speculative_tokens=ks, devices=DevicesSpec(),
+            backend_config=OrtConfig(**devices),
             model_info=self.export.model_info, role="target",
             continuous_batching=self.continuous_batching,
         )

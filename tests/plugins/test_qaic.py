@@ -15,6 +15,8 @@ import pytest
 from spdflow.api import CompileRequest, ModelInfo
 from spdflow.errors import BackendUnavailableError, StageError
 from spdflow.recipe.schema import DevicesSpec
+from spdflow_qaic import formats
+from spdflow_qaic.config import QaicConfig
 from spdflow_qaic import QaicBackend, spdflow_register_backends
 from spdflow_qaic import runtime as qaic_runtime
 from spdflow_shapes import specialize
@@ -52,12 +54,12 @@ def make_request(onnx, ks=(0, 4), fbs=None, *, fmt="flat", dtype="float32", comp
         export_dir=onnx.parent,
         specializations=specialize(list(ks), 32, 128, 1, fbs),
         num_speculative_tokens=list(ks),
-        devices=DevicesSpec(backend="qaic", **devices),
+        devices=DevicesSpec(backend="qaic", **{k: devices.pop(k) for k in list(devices) if k == "device_ids"}),
+        backend_config=QaicConfig(specializations_format=fmt, **devices),
         model_info=MODEL,
         role="target",
         continuous_batching=fbs is not None,
         compile_only=compile_only,
-        specializations_format=fmt,
         force=force,
         dtype=dtype,
     )
@@ -417,9 +419,9 @@ def test_session_sizes_logits_per_k_and_keeps_the_kv_on_device(record, onnx, mon
     assert fake.created["closed"]
 
 
-# ------------------------------------------------------------------ spdflow.qpc (shared layout)
+# ------------------------------------------------- spdflow.qpc (hashing, atomic writes) and formats
 
-from spdflow import qpc  # noqa: E402  (kept next to its tests; both backends share this module)
+from spdflow import qpc  # noqa: E402  (kept next to its tests; both backends use this module)
 
 
 def test_canonical_json_and_short_hash_follow_qefficient():
@@ -434,14 +436,14 @@ def test_canonical_json_and_short_hash_follow_qefficient():
 def test_specializations_document_never_writes_integers_or_internal_tags():
     specs = specialize([0, 4], 32, 128, 1, 4)
     for fmt in ("flat", "named"):
-        text = json.dumps(qpc.specializations_document(specs, fmt))
+        text = json.dumps(formats.specializations_document(specs, fmt))
         assert "_graph_name" not in text and '": 1' not in text and "kind" not in text
     with pytest.raises(ValueError, match="unknown specializations format 'yaml'"):
-        qpc.specializations_document(specs, "yaml")
+        formats.specializations_document(specs, "yaml")
 
 
 def test_render_custom_io_exact_format():
-    assert qpc.render_custom_io([("past_key.0", "mxint8")]) == " - IOName: past_key.0\n   Precision: mxint8\n\n"
+    assert formats.render_custom_io([("past_key.0", "mxint8")]) == " - IOName: past_key.0\n   Precision: mxint8\n\n"
 
 
 def test_write_atomic_leaves_only_the_target(tmp_path):

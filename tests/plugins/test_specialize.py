@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spdflow.api import Specialization
-from spdflow.qpc import specializations_document
+from spdflow_qaic.formats import specializations_document
 from spdflow_shapes import specialize, spdflow_specialize
 
 

@@ -1,0 +1,29 @@
+"""The ``with:`` block of ``devices: {backend: qaic}``: compiler settings of DESIGN §4."""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class QaicConfig(BaseModel):
+    """qaic-compile's settings; the device group is the generic ``devices.device_ids``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cores: int = Field(16, ge=1, le=64, description="AI cores per device (-aic-num-cores).")
+    mxfp6_matmul: bool = Field(False, description="Compile matmul weights to MXFP6 (-mxfp6-matmul).")
+    mxint8_kv_cache: bool = Field(
+        False, description="Keep the KV cache as MXINT8 (the Precision of every past_* IO in custom_io.yaml)."
+    )
+    aic_hw_version: Literal["ai100", "ai200"] = Field("ai100", description="-aic-hw-version.")
+    compiler: Literal["qaic-compile", "qaic-exec"] = Field(
+        "qaic-compile", description="qaic-compile, or the legacy 'qaic-exec ... -compile-only'."
+    )
+    compiler_options: dict[str, Union[bool, int, str]] = Field(
+        default_factory=dict,
+        description="Extra compiler flags: key 'mos' with 1 gives -mos=1; true gives a bare flag.",
+    )
+    specializations_format: Literal["flat", "named"] = Field(
+        "flat", description="specializations.json format: flat string values (default) or named."
+    )
