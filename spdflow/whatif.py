@@ -34,6 +34,8 @@ import numpy as np
 
 from spdflow.api import CostContext, CostModel, ModelInfo, Request, Sampling
 from spdflow.errors import RunDataError, UsageError
+from spdflow.plugins import make_k_policy
+from spdflow.recipe.schema import KPolicySpec
 
 #: logit of every token but the recorded one: exp(LOW / T) is 0 for any temperature spdflow allows
 LOW = -1.0e4
@@ -347,7 +349,7 @@ def fidelity(run: RunData, policy_name: str, pm) -> tuple[bool, list[str]]:
         notes.append("sampled run: a proposal counts as accepted when it equals the token the run sampled there, "
                      "on average the chance the target samples it (an underestimate for proposals with draft "
                      "probabilities); an estimate")
-    policy = pm.lookup("k_policy", policy_name).factory()
+    policy = make_k_policy(pm, policy_name, own_settings(run.recipe, policy_name))
     if getattr(policy, "wants_step_costs", False) or getattr(type(policy), "observe", None) is not _base_observe():
         exact = False
         notes.append(f"K policy '{policy_name}' learns from step times: its choices follow the priced verify times "
@@ -378,7 +380,9 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
 
     check_scenario(run, scenario)
     recipe = batch_recipe(run.recipe, scenario.batch_size)
-    recipe = recipe.model_copy(update={"num_speculative_tokens": list(scenario.k_list), "k_policy": scenario.policy,
+    settings = own_settings(recipe, scenario.policy)
+    recipe = recipe.model_copy(update={"num_speculative_tokens": list(scenario.k_list),
+                                       "k_policy": KPolicySpec(uses=scenario.policy, **{"with": settings}),
                                        "output": str(run.run_dir)})
     loaded = dataclasses.replace(run.loaded, recipe=recipe)
     spec, info, workload = recipe.specialization, run.model_info, recipe.workload
@@ -391,7 +395,7 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     rows = spec.full_batch_size or spec.batch_size
     session = ReplaySession(run, rows, cost, clock, spec.prefill_seq_len, measured_prefill(run))
     engine = Engine(pm, loaded, RunOptions(), NullUI())
-    policy = pm.lookup("k_policy", scenario.policy).factory()
+    policy = make_k_policy(pm, scenario.policy, settings)
     acceptor = pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
     proposer, name = None, ""
     if with_proposer:
@@ -434,7 +438,12 @@ def check_scenario(run: RunData, scenario: Scenario) -> None:
 
 def own_scenario(run: RunData) -> Scenario:
     """The run's own K-list, policy and batch size."""
-    return Scenario(tuple(run.recipe.k_list()), run.recipe.k_policy, run.batch_size)
+    return Scenario(tuple(run.recipe.k_list()), run.recipe.k_policy.uses, run.batch_size)
+
+
+def own_settings(recipe, policy_name: str) -> dict:
+    """The recipe's ``k_policy.with`` when it names ``policy_name``, else none (defaults)."""
+    return dict(recipe.k_policy.with_) if recipe.k_policy.uses == policy_name else {}
 
 
 def own_figures(run: RunData) -> Figures:
