@@ -122,32 +122,35 @@ def option_flags(request: CompileRequest) -> list[str]:
     flags.append("-retained-state")
     if model_dtype(request) in ("float32", "float16"):
         flags.append("-convert-to-fp16")
-    flags.append(f"-aic-num-cores={config.num_cores}")
     if config.mxfp6_matmul:
-        flags.append("-mxfp6-matmul")
+        flags.append("-mxfp6-matmul")  # QEfficient: right after -convert-to-fp16
+    flags.append(f"-aic-num-cores={config.num_cores}")
     flags.extend(extra_option_flags(config.compiler_options))
     return flags
 
 
-def file_flags(qpc_dir: str, num_devices: int) -> list[str]:
-    """The flags that name files inside ``qpc_dir`` (QEfficient steps 8-11)."""
-    flags = []
+def mdp_flags(qpc_dir: str, num_devices: int) -> list[str]:
+    """The partition config of a multi-device program (QEfficient passes it right after -m=)."""
     if num_devices > 1:
-        flags.append(f"-mdp-load-partition-config={qpc_dir}/{mdp_file_name(num_devices)}")
-    flags += [
+        return [f"-mdp-load-partition-config={qpc_dir}/{mdp_file_name(num_devices)}"]
+    return []
+
+
+def file_flags(qpc_dir: str) -> list[str]:
+    """The flags that name the files inside ``qpc_dir`` (QEfficient steps 9-11)."""
+    return [
         f"-network-specialization-config={qpc_dir}/specializations.json",
         f"-custom-IO-list-file={qpc_dir}/custom_io.yaml",
         f"-aic-binary-dir={qpc_dir}/qpc",
     ]
-    return flags
 
 
 def build_command(request: CompileRequest, compiler: Path, qpc_dir: Path) -> list[str]:
     """The full compiler command, in QEfficient's order (DESIGN §4)."""
     flags = option_flags(request)
-    # -m goes right after -aic-hw-version, before -compile-only and the options.
-    flags.insert(2, f"-m={request.onnx_path}")
-    return [str(compiler), *flags, *file_flags(str(qpc_dir), len(request.devices.device_ids))]
+    # -m goes right after -aic-hw-version, then the partition config, then the options.
+    flags[2:2] = [f"-m={request.onnx_path}", *mdp_flags(str(qpc_dir), len(request.devices.device_ids))]
+    return [str(compiler), *flags, *file_flags(str(qpc_dir))]
 
 
 # ------------------------------------------------------------------------------ the key
@@ -224,8 +227,10 @@ def plan_compile(request: CompileRequest) -> CompilePlan:
 
 
 def _json_text(obj: Any) -> str:
-    # Same text write_json_atomic produces; kept as text so the plan is complete before writing.
-    return json.dumps(obj, indent=4, sort_keys=True, allow_nan=False) + "\n"
+    # QEfficient's create_json layout (indent 4, sorted keys, no space after ':'), so the files
+    # a compiler reads are byte-identical to QEfficient's; kept as text so the plan is complete
+    # before writing.
+    return json.dumps(obj, indent=4, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def qconfig(request: CompileRequest, params: dict, command: list[str]) -> dict:
@@ -276,8 +281,8 @@ def compile_script(request: CompileRequest, qpc_dir: Path) -> str:
     device_ids = request.devices.device_ids
     onnx_rel = os.path.relpath(Path(request.onnx_path).resolve(), Path(qpc_dir).resolve())
     flags = [shlex.quote(flag) for flag in option_flags(request)]
-    flags.insert(2, '"-m=$ONNX"')
-    flags += [f'"{flag}"' for flag in file_flags("$HERE", len(device_ids))]
+    flags[2:2] = ['"-m=$ONNX"', *(f'"{flag}"' for flag in mdp_flags("$HERE", len(device_ids)))]
+    flags += [f'"{flag}"' for flag in file_flags("$HERE")]
     body = " \\\n    ".join(['"$COMPILER"', *flags, '"$@"'])
     return (
         "#!/bin/sh\n"

@@ -35,26 +35,21 @@ SPECIALIZATION_FORMATS = ("flat", "named")
 
 def _string_symbols(spec: Specialization) -> dict[str, str]:
     # Integers make qaic-compile exit 255, so every value is written as a string.
-    return {name: str(value) for name, value in spec.symbols().items()}
+    symbols = {name: str(value) for name, value in spec.symbols().items()}
+    if spec.kind == "prefill" and spec.full_batch_size is not None:
+        # QEfficient's CB prefill names its execution batch (the ONNX has no such axis).
+        symbols["full_batch_exec_size"] = str(spec.batch_size)
+    return symbols
 
 
 def _graph_names(specs: Sequence[Specialization]) -> list[str]:
-    """Names of the named format: "Prefill", then "Decode_0", "Decode_1", ... in order.
-
-    QEfficient suffixes a name only when it repeats; we always number decode graphs so a
-    name does not change meaning when the K-list grows.
-    """
-    names, decode_index = [], 0
-    for spec in specs:
-        if spec.kind == "prefill":
-            names.append("Prefill")
-        else:
-            names.append(f"Decode_{decode_index}")
-            decode_index += 1
-    if names.count("Prefill") > 1:
-        # Several prefill shapes would clash; number them like the decode graphs.
-        counter = iter(range(len(names)))
-        names = [f"Prefill_{next(counter)}" if n == "Prefill" else n for n in names]
+    """Names of the named format, as QEfficient gives them: "Prefill" and "Decode", numbered
+    ``_0``, ``_1`` ... in order only where a name repeats (several decode shapes)."""
+    names = ["Prefill" if spec.kind == "prefill" else "Decode" for spec in specs]
+    for base in ("Prefill", "Decode"):
+        if names.count(base) > 1:
+            counter = iter(range(len(names)))
+            names = [f"{base}_{next(counter)}" if name == base else name for name in names]
     return names
 
 
@@ -98,14 +93,14 @@ def kv_precision(dtype: str, mxint8_kv: bool) -> str:
 def custom_io_entries(model_info: ModelInfo, dtype: str, mxint8_kv: bool) -> list[tuple[str, str]]:
     """(IO name, Precision) for every KV cache input and its _RetainedState output, per layer.
 
-    Order follows QEfficient: for each layer, past_key.i, past_value.i, then both retained
-    states. mxint8 KV is not a compiler flag; it is only this Precision.
+    Order follows QEfficient: for each layer past_key.i, past_key.i_RetainedState, past_value.i,
+    past_value.i_RetainedState. mxint8 KV is not a compiler flag; it is only this Precision.
     """
     precision = kv_precision(dtype, mxint8_kv)
     entries: list[tuple[str, str]] = []
     for layer in range(model_info.num_layers):
-        for suffix in ("", "_RetainedState"):
-            for kind in ("past_key", "past_value"):
+        for kind in ("past_key", "past_value"):
+            for suffix in ("", "_RetainedState"):
                 entries.append((f"{kind}.{layer}{suffix}", precision))
     return entries
 

@@ -100,7 +100,7 @@ def test_compile_options_become_flags_in_order(record, onnx):
     argv = QaicBackend().compile(request).command
     assert argv[1:5] == ["-aic-hw", "-aic-hw-version=ai200", f"-m={onnx}", "-retained-state"]
     options = argv[5:-3]
-    assert options[:3] == ["-convert-to-fp16", "-aic-num-cores=14", "-mxfp6-matmul"]
+    assert options[:3] == ["-convert-to-fp16", "-mxfp6-matmul", "-aic-num-cores=14"]
     assert set(options[3:]) == {"-mos=1", "-aic-enable-depth-first", "-multicast-weights"}
     assert not any(a.startswith("-ols") for a in argv)
     assert [a.split("=")[0] for a in argv[-3:]] == [
@@ -121,9 +121,13 @@ def test_legacy_qaic_exec_adds_compile_only_after_the_model(record, onnx):
 # ---------------------------------------------------------------------------- specializations
 
 
-def flat_shape(batch, seq, nlk, fbs=None):
+def flat_shape(batch, seq, nlk, fbs=None, prefill=False):
     doc = {"batch_size": str(batch), "seq_len": str(seq), "ctx_len": "128", "num_logits_to_keep": str(nlk)}
-    return doc if fbs is None else {**doc, "full_batch_size": str(fbs)}
+    if fbs is not None:
+        doc["full_batch_size"] = str(fbs)
+        if prefill:  # QEfficient's CB prefill also names its execution batch
+            doc["full_batch_exec_size"] = str(batch)
+    return doc
 
 
 @pytest.mark.parametrize("fbs", [None, 4])
@@ -133,7 +137,7 @@ def flat_shape(batch, seq, nlk, fbs=None):
 def test_specializations_json_is_flat_with_string_values(record, onnx, ks, seq_lens, fbs):
     ks = [ks] if isinstance(ks, int) else ks
     program = QaicBackend().compile(make_request(onnx, ks, fbs))
-    expected = [flat_shape(1, 32, 1, fbs)] + [flat_shape(fbs or 1, n, n, fbs) for n in seq_lens]
+    expected = [flat_shape(1, 32, 1, fbs, prefill=True)] + [flat_shape(fbs or 1, n, n, fbs) for n in seq_lens]
     assert read_json(program.qpc_dir / "specializations.json") == {"specializations": expected}
     assert read_json(program.qpc_dir / "qconfig.json")["num_speculative_tokens"] == sorted(set(ks))
 
@@ -157,8 +161,8 @@ def test_k_list_order_does_not_change_the_program(record, onnx):
 
 
 def custom_io_text(precision):
-    names = [f"{kind}.{layer}{suffix}" for layer in range(2) for suffix in ("", "_RetainedState")
-             for kind in ("past_key", "past_value")]
+    names = [f"{kind}.{layer}{suffix}" for layer in range(2) for kind in ("past_key", "past_value")
+             for suffix in ("", "_RetainedState")]
     return "".join(f" - IOName: {name}\n   Precision: {precision}\n\n" for name in names)
 
 
@@ -185,7 +189,7 @@ def test_four_devices_write_the_mdp_partition_config(record, onnx):
         "partitions": [{"name": "Partition0", "devices": [
             {"deviceId": d, "numCores": 16} for d in range(4)]}],
     }
-    assert program.command[-4] == f"-mdp-load-partition-config={path}"
+    assert program.command[4] == f"-mdp-load-partition-config={path}"  # right after -m=
     assert "-aic-num-cores=16" in program.command
     assert (program.qpc_dir / "qpc" / "mdp_ts_4.json").is_file()
     single = QaicBackend().compile(make_request(onnx))
