@@ -165,6 +165,12 @@ class Backend:
         """None when sessions can be opened here, else one sentence saying what is missing."""
         return None
 
+    def dtype_problem(self, dtype: str, config: Any) -> str | None:
+        """None when this backend compiles weights of ``dtype`` ("float32", "float16",
+        "bfloat16") with ``config`` (its validated ``devices.with`` block, or None), else one
+        sentence saying why not and what to set instead. Lint (SPD120) and compile ask it."""
+        return None
+
     def compile(self, request: CompileRequest) -> CompiledProgram:
         raise NotImplementedError
 

@@ -122,6 +122,26 @@ def rule_policy_wastes_shapes(loaded: LoadedRecipe, pm) -> list[Finding]:
                   f"set num_speculative_tokens: {shown} or use a policy that chooses among them")]
 
 
+def rule_backend_takes_dtype(loaded: LoadedRecipe, pm) -> list[Finding]:
+    """SPD120: the backend cannot compile weights of model.dtype with its settings (e.g. bfloat16
+    for AI 100), so the run would export a graph its compiler rejects."""
+    from spdflow.errors import SpdflowError
+    from spdflow.plugins import plugin_config
+
+    recipe = loaded.recipe
+    try:
+        registration = pm.lookup("backend", recipe.devices.backend)
+        config = plugin_config(pm, "backend", recipe.devices.backend, recipe.devices.with_)
+        problem = registration.factory().dtype_problem(recipe.model.dtype, config)
+    except SpdflowError:
+        return []  # an unknown backend or bad settings are reported by the schema checks
+    if not problem:
+        return []
+    return [Finding(loaded.document.location(("model", "dtype")), "SPD120",
+                    f"backend '{recipe.devices.backend}' cannot compile model.dtype {recipe.model.dtype}: {problem}",
+                    "set model.dtype: float32", severity="error")]
+
+
 #: Rules about the recipe text alone. The checks against files and this machine (models, prompt
 #: files and lengths, shape coverage SPD105, backend SPD104) are ``spdflow.preflight``'s, shared
 #: with ``run`` and ``--dry-run``; lint runs both.
@@ -130,6 +150,7 @@ RULES: tuple[Callable[[LoadedRecipe, object], list[Finding]], ...] = (
     rule_k_list_unique,
     rule_k0_when_proposer_may_be_empty,
     rule_policy_wastes_shapes,
+    rule_backend_takes_dtype,
 )
 
 

@@ -70,6 +70,19 @@ def test_qaic_backend_without_sdk_is_a_warning(write_recipe, pm):
     assert codes(result) == ["SPD104"] and result.exit_code(strict=False) == 0
 
 
+def test_bfloat16_for_ai100_is_an_error_at_model_dtype(write_recipe, pm):
+    text = MINIMAL.replace("model:\n  id: spdflow:tinycode-target\n",
+                           "model:\n  id: spdflow:tinycode-target\n  dtype: bfloat16\n")
+    text += "devices: {backend: qaic}\n"
+    result = lint_paths([str(write_recipe(text))], pm)
+    [finding] = [f for f in result.findings if f.code == "SPD120"]
+    assert finding.severity == "error" and finding.location.line == 5
+    assert "does not take bfloat16" in finding.message and result.exit_code(strict=False) == 1
+    ai200 = lint_paths([str(write_recipe(text.replace("{backend: qaic}", "{backend: qaic, with: {aic_hw_version: ai200}}")))], pm)
+    onnxruntime = lint_paths([str(write_recipe(text.replace("{backend: qaic}", "{backend: onnxruntime}")))], pm)
+    assert "SPD120" not in codes(ai200) + codes(onnxruntime)
+
+
 def test_invalid_recipe_exits_3(write_recipe, pm):
     result = lint_paths([str(write_recipe(MINIMAL.replace("name: t", "nam: t")))], pm)
     assert result.exit_code(strict=False) == 3

@@ -203,8 +203,20 @@ def _custom_io(request: CompileRequest) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------------ the files
 
 
+def dtype_problem(dtype: str, config: QaicConfig) -> str | None:
+    """Why the compiler of ``config`` cannot take weights of ``dtype``, or None."""
+    if dtype == "bfloat16" and config.aic_hw_version == "ai100":
+        return ("the AI 100 compiler does not take bfloat16 weights; set model.dtype: float32 "
+                "(QEfficient loads bf16 models as float32 for ai100 and compiles them with "
+                "-convert-to-fp16 and a float16 KV cache)")
+    return None
+
+
 def plan_compile(request: CompileRequest) -> CompilePlan:
     """Compute the key, directory, command and every file text of one compile."""
+    problem = dtype_problem(model_dtype(request), qaic_config(request))
+    if problem:
+        raise StageError(f"cannot compile {request.role} for qaic: {problem}")
     try:
         params = compile_params(request)
     except ValueError as exc:
@@ -357,6 +369,9 @@ class QaicBackend(Backend):
         from spdflow_qaic.runtime import runtime_unavailable_reason
 
         return runtime_unavailable_reason()
+
+    def dtype_problem(self, dtype: str, config: Any) -> str | None:
+        return dtype_problem(dtype, config if config is not None else QaicConfig())
 
     def compile(self, request: CompileRequest) -> CompiledProgram:
         """Write qpc-<hash>/ and compile into it, unless qpc/programqpc.bin is already there."""

@@ -172,10 +172,17 @@ def custom_io_text(precision):
      ("bfloat16", False, "bfloat16", False), ("float32", True, "mxint8", True)],
 )
 def test_custom_io_precision_follows_dtype_and_mxint8(record, onnx, dtype, mxint8, precision, fp16_flag):
-    program = QaicBackend().compile(make_request(onnx, dtype=dtype, mxint8_kv_cache=mxint8))
+    hw = "ai200" if dtype == "bfloat16" else "ai100"  # the AI 100 compiler refuses bf16 (below)
+    program = QaicBackend().compile(make_request(onnx, dtype=dtype, mxint8_kv_cache=mxint8, aic_hw_version=hw))
     assert (program.qpc_dir / "custom_io.yaml").read_text() == custom_io_text(precision)
     assert ("-convert-to-fp16" in program.command) == fp16_flag
     assert not any("mxint8" in arg for arg in program.command)  # mxint8 KV is not a flag
+
+
+def test_bfloat16_for_ai100_is_refused_before_anything_is_written(record, onnx):
+    with pytest.raises(StageError, match="AI 100 compiler does not take bfloat16.*model.dtype: float32"):
+        QaicBackend().compile(make_request(onnx, dtype="bfloat16", compile_only=True))
+    assert [p.name for p in onnx.parent.iterdir()] == ["model.onnx"] and record() == []
 
 
 # ------------------------------------------------------------------------------- multi-device
