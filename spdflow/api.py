@@ -174,6 +174,12 @@ class Backend:
     def compile(self, request: CompileRequest) -> CompiledProgram:
         raise NotImplementedError
 
+    def describe_compile(self, request: CompileRequest, *, exported: bool) -> list[str]:
+        """``run --dry-run``'s lines for this program: where it would be written and the exact
+        command that compiles it. Nothing is written or run. ``exported`` says whether
+        ``request.onnx_path`` exists yet (if not, hashes that depend on it are unknown)."""
+        return []
+
     def open_session(self, program: CompiledProgram, *, threads: int | None = None) -> Session:
         raise NotImplementedError
 
@@ -229,6 +235,27 @@ class Sampling:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class AuxiliaryModel:
+    """A model a proposer needs compiled besides the target: a draft (later heads or an EAGLE
+    layer). A proposer declares them from its validated config, through a method
+    ``auxiliary_models(self) -> list[AuxiliaryModel]`` on its config model; the engine then
+    exports, specializes and compiles each as its own stages (``export:<role>`` ...), before
+    generation and under ``--compile-only``, and ``ProposerContext.build_session`` opens it."""
+
+    role: str  # "draft"; names the stages, the export dir and the program
+    model_id: str  # written like the recipe's model.id
+    k_list: tuple[int, ...] = (0,)  # decode shapes: one per K, seq_len K+1
+    device_ids: tuple[int, ...] | None = None  # default: the target's device group
+    num_cores: int | None = None  # default: the target's (backends that have it)
+
+
+def auxiliary_models(config: Any) -> list[AuxiliaryModel]:
+    """The models a proposer's validated config declares (none when it declares nothing)."""
+    declare = getattr(config, "auxiliary_models", None)
+    return list(declare()) if callable(declare) else []
 
 
 @dataclass

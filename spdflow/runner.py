@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from spdflow.engine.run import Engine, RunOptions, specializations_for
+from spdflow.engine.run import Engine, RunOptions
 from spdflow.recipe.loader import LoadedRecipe
 
 
@@ -29,8 +29,9 @@ def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = F
 
 def _resume_stage(engine) -> str | None:
     for name, stage in engine.state.stages.items():
-        if stage.status == "failed" and name in ("export", "specialize", "compile", "generate"):
-            return name
+        base = name.split(":")[0]  # a draft's compile:draft resumes from compile
+        if stage.status == "failed" and base in ("export", "specialize", "compile", "generate"):
+            return base
     return None
 
 
@@ -46,27 +47,27 @@ def _print_summary(ui, engine, report: dict) -> None:
 
 
 def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> tuple[str, list]:
-    """The plan as text (stages, specializations, compiled program and compile command) and the
+    """The plan as text (stages; for every program, the target's and each auxiliary model's:
+    specializations, program dir and exact compile command) and the
     preflight findings that would stop the run (the backend's absence only noted); runs nothing."""
     from spdflow.preflight import preflight
 
     findings = preflight(loaded, pm)
     recipe = loaded.recipe
-    shapes = specializations_for(pm, recipe)
-    registration = pm.lookup("backend", recipe.devices.backend)
-    backend = registration.factory()
+    engine = Engine(pm, loaded, options)
+    backend = engine.backend()
+    programs = engine.programs()
     lines = [f"recipe: {loaded.path} (name '{recipe.name}')",
              f"output: {recipe.output_dir()}",
              f"model: {recipe.model.id} ({recipe.model.dtype})",
              f"proposer: {recipe.proposer.uses if recipe.proposer else 'none (no-spec)'}; "
              f"K-list {recipe.k_list()}; k_policy {recipe.k_policy.uses}; acceptance {recipe.resolved_acceptance()}",
-             "stages: export -> specialize -> compile -> generate -> report",
-             f"specializations ({len(shapes)}):"]
-    lines += [f"  {s.kind:8} " + " ".join(f"{k}={v}" for k, v in s.symbols().items()) for s in shapes]
-    lines.append(f"backend: {recipe.devices.backend}")
-    describe = getattr(backend, "describe_compile", None)
-    if describe is not None:
-        lines += ["  " + line for line in describe(recipe, shapes)]
+             "stages: export -> specialize -> compile -> generate -> report"
+             + ("" if len(programs) == 1 else " (export, specialize and compile once per program)")
+             + (" (generate skipped: --compile-only)" if options.compile_only else ""),
+             f"backend: {recipe.devices.backend}"]
+    for plan in programs:
+        lines += engine.describe_program(plan)
     reason = backend.unavailable_reason()
     if reason:
         lines.append(f"note: backend '{recipe.devices.backend}' cannot run here: {reason}")

@@ -271,6 +271,13 @@ class OrtBackend(Backend):
         reason = f"{why}; built in {time.monotonic() - started:.2f} s"
         return self._program(request, qpc_dir, key, cached=False, reason=reason)
 
+    def describe_compile(self, request: CompileRequest, *, exported: bool) -> list[str]:
+        """No compiler runs: the compile stage writes one static-shape graph per specialization."""
+        where = f"{request.export_dir}/qpc-<hash of the export>"
+        return [f"program dir: {where}",
+                "compile command: none (onnxruntime): one static-shape ONNX per specialization in qpc/, "
+                "sharing the export's weights file"]
+
     @staticmethod
     def _program(request: CompileRequest, qpc_dir: Path, key: str, *, cached: bool, reason: str) -> OrtProgram:
         config = ort_config(request)

@@ -1,8 +1,9 @@
 """Draft-model proposer: a small causal LM of the target's tokenizer drafts k tokens per step.
 
-The engine exports and compiles the draft with the same stages as the target
-(``ctx.build_session(..., k_list=[0, 1], role="draft")``): one prefill shape and decode shapes
-of seq_len 1 and 2. The draft keeps its own KV cache with one row per slot.
+The config declares the draft as an auxiliary model (``auxiliary_models``), so the engine
+exports and compiles it with the same stages as the target, as stages of its own
+(``export:draft`` ...), also under ``--compile-only``; ``ctx.build_session`` then opens it: one
+prefill shape and decode shapes of seq_len 1 and 2. The draft keeps its own KV cache with one row per slot.
 
 Bookkeeping per slot: ``fed[p]`` is the token whose KV sits at position p of the draft cache,
 for p < ``n_fed``; the first ``n_confirmed`` of them are known to equal the request's context.
@@ -36,8 +37,11 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from spdflow.api import ModelInfo, Proposal, ProposeInput, Proposer, Request, Sampling
+from spdflow.api import AuxiliaryModel, ModelInfo, Proposal, ProposeInput, Proposer, Request, Sampling
 from spdflow.errors import RecipeError, StageError
+
+#: The draft's decode shapes: one token, and two for the bonus-token catch-up.
+DRAFT_K_LIST = (0, 1)
 
 
 class DraftModelConfig(BaseModel):
@@ -63,6 +67,14 @@ class DraftModelConfig(BaseModel):
         description="'greedy' drafts the argmax; 'sample' draws from the draft distribution "
         "(with the workload's temperature, top-k, top-p) and hands it to rejection sampling.",
     )
+
+    def auxiliary_models(self) -> list[AuxiliaryModel]:
+        """The draft, compiled by the engine like the target: one prefill shape and decode
+        shapes of one token (K=0) and two (K=1, a bonus-token catch-up)."""
+        return [AuxiliaryModel(
+            role="draft", model_id=self.model, k_list=DRAFT_K_LIST,
+            device_ids=tuple(self.device_ids) if self.device_ids else None, num_cores=self.num_cores,
+        )]
 
 
 # ------------------------------------------------------------------------------ compatibility
@@ -365,12 +377,13 @@ def make_draft_model(config: DraftModelConfig, ctx) -> DraftModelProposer:
     """Factory registered as ``draft_model``: builds the draft session and checks the vocab."""
     if getattr(ctx, "build_session", None) is None:
         raise StageError("the draft_model proposer needs ctx.build_session, which this engine did not provide")
+    [draft] = config.auxiliary_models()
     session, info = ctx.build_session(
-        model_id=config.model,
-        k_list=[0, 1],
-        role="draft",
+        model_id=draft.model_id,
+        k_list=list(draft.k_list),
+        role=draft.role,
         device_ids=config.device_ids,
-        num_cores=config.num_cores,
+        num_cores=draft.num_cores,
     )
     try:
         check_draft_compatible(config.model, info, ctx.target)

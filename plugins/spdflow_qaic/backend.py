@@ -397,6 +397,14 @@ class QaicBackend(Backend):
         return self._program(request, plan, cached=False,
                              reason=f"{why}; compiled in {time.monotonic() - started:.1f} s")
 
+    def describe_compile(self, request: CompileRequest, *, exported: bool) -> list[str]:
+        """The program dir, the exact qaic-compile argv and the compile.sh that repeats it."""
+        plan = plan_compile(request)
+        qpc_dir = str(plan.qpc_dir) if exported else str(Path(request.export_dir) / "qpc-<hash of the export>")
+        command = [arg.replace(str(plan.qpc_dir), qpc_dir) for arg in plan.command]
+        return [f"program dir: {qpc_dir}", f"compile command: {shlex.join(command)}",
+                f"compile.sh: {qpc_dir}/compile.sh (the same command, paths relative to it)"]
+
     @staticmethod
     def _program(request: CompileRequest, plan: CompilePlan, *, cached: bool, reason: str,
                  runnable: bool = True) -> CompiledProgram:

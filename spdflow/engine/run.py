@@ -15,12 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from spdflow import __version__
 from spdflow.api import (
+    AuxiliaryModel,
     CompileRequest,
     CompiledProgram,
     ExportRequest,
@@ -29,6 +30,7 @@ from spdflow.api import (
     Request,
     Sampling,
     Specialization,
+    auxiliary_models,
 )
 from spdflow.engine import cache
 from spdflow.errors import PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
@@ -58,6 +60,16 @@ class StageResult:
     duration_s: float = 0.0
     cache_key: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProgramPlan:
+    """One program a run compiles: whose (role), which model, its K-list and devices."""
+
+    role: str
+    model: ModelSpec
+    k_list: list[int]
+    devices: DevicesSpec
 
 
 @dataclass
@@ -141,6 +153,11 @@ def draft_devices(pm, devices: DevicesSpec, device_ids: list[int] | None, num_co
     return devices.model_copy(update=update)
 
 
+def stage_namer(role: str) -> Callable[[str], str]:
+    """Stage names of a model: ``export`` ... for the target, ``export:draft`` ... for others."""
+    return (lambda base: base) if role == "target" else (lambda base: f"{base}:{role}")
+
+
 def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool) -> str:
     impls = sorted(f"{pm.get_name(i.plugin)}" for i in pm.hook.spdflow_export.get_hookimpls())
     inputs = cache.dir_digest(model_dir, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
@@ -164,11 +181,24 @@ class Engine:
         self.run_dir = self.recipe.output_dir()
         self.state = RunState(self.recipe, self.run_dir)
         self._sessions: list[Any] = []
+        self._auxiliary: dict[tuple[str, str], tuple[CompiledProgram, ModelInfo]] = {}
 
     # -- helpers --------------------------------------------------------------------------
 
     def _begin(self, name: str) -> tuple[StageResult, float]:
-        return self.state.stages[name], time.perf_counter()
+        stages = self.state.stages
+        if name not in stages:
+            # An auxiliary model's stage: listed before generation, in the order they run.
+            items = list(stages.items())
+            at = [n for n, _ in items].index("generate")
+            self.state.stages = stages = dict(items[:at] + [(name, StageResult(name))] + items[at:])
+        return stages[name], time.perf_counter()
+
+    def _skip(self, name: str, reason: str) -> None:
+        stage = self.state.stages[name]
+        stage.status, stage.reason = "skipped", reason
+        self.ui.stage(name, "skipped", reason)
+        self.pm.hook.spdflow_after_stage(stage=stage, run=self.state)
 
     def _end(self, stage: StageResult, start: float, status: str, reason: str) -> None:
         stage.status, stage.reason = status, reason
@@ -234,35 +264,100 @@ class Engine:
         return program
 
     def build_model(self, model: ModelSpec, role: str, k_list: list[int], devices: DevicesSpec):
-        """export + specialize + compile one model, recording stage results for the target."""
-        record = role == "target"
-        stage, start = self._begin("export")
+        """export + specialize + compile one model, each a recorded stage: ``export`` ... for
+        the target, ``export:<role>`` ... for an auxiliary model (a draft)."""
+        name = stage_namer(role)
+        stage, start = self._begin(name("export"))
         try:
             onnx, info, key, cached, reason = self.export(model, role)
         except BaseException:
-            if record:
-                self._end(stage, start, "failed", "export failed")
+            self._end(stage, start, "failed", "export failed")
             raise
-        if record:
-            stage.cache_key = key[:16]
-            self._end(stage, start, "cached" if cached else "ran", reason)
-        stage, start = self._begin("specialize")
+        stage.cache_key = key[:16]
+        self._end(stage, start, "cached" if cached else "ran", reason)
+        stage, start = self._begin(name("specialize"))
         shapes = specializations_for(self.pm, self.recipe, k_list)
-        if record:
-            stage.detail = {"specializations": [s.symbols() for s in shapes]}
-            self._end(stage, start, "ran", f"{len(shapes)} shapes")
-        stage, start = self._begin("compile")
+        stage.detail = {"specializations": [s.symbols() for s in shapes]}
+        self._end(stage, start, "ran", f"{len(shapes)} shapes")
+        stage, start = self._begin(name("compile"))
         try:
             program = self.compile(onnx, info, shapes, k_list, role, devices, model.dtype)
         except BaseException:
-            if record:
-                self._end(stage, start, "failed", "compile failed")
+            self._end(stage, start, "failed", "compile failed")
             raise
-        if record:
-            stage.cache_key = program.key
-            stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command}
-            self._end(stage, start, "cached" if program.cached else "ran", program.reason)
+        stage.cache_key = program.key
+        stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command, "role": role,
+                        "runnable": program.runnable}
+        self._end(stage, start, "cached" if program.cached else "ran", program.reason)
         return program, info
+
+    def programs(self) -> list[ProgramPlan]:
+        """Every program the run compiles: the target's, then each auxiliary model's (a draft
+        the proposer declares), with its own shapes and device group."""
+        recipe = self.recipe
+        plans = [ProgramPlan("target", recipe.model, recipe.k_list(), recipe.devices)]
+        for aux in self.auxiliary_models():
+            devices = draft_devices(self.pm, recipe.devices,
+                                    list(aux.device_ids) if aux.device_ids else None, aux.num_cores)
+            model = ModelSpec(id=aux.model_id, dtype=recipe.model.dtype)
+            plans.append(ProgramPlan(aux.role, model, sorted(set(aux.k_list)), devices))
+        return plans
+
+    def describe_program(self, plan: ProgramPlan) -> list[str]:
+        """--dry-run's account of one program: its shapes, and its directory and exact compile
+        command as far as they are known before export (the qpc-<hash> of a graph that is not
+        exported yet is shown as such)."""
+        from spdflow.models import resolve_model_dir
+
+        shapes = specializations_for(self.pm, self.recipe, plan.k_list)
+        lines = [f"program '{plan.role}': {plan.model.id} ({plan.model.dtype}), K-list {plan.k_list}, "
+                 f"device_ids {plan.devices.device_ids}",
+                 f"  specializations ({len(shapes)}):"]
+        lines += ["    " + f"{s.kind:8} " + " ".join(f"{k}={v}" for k, v in s.symbols().items()) for s in shapes]
+        cb = self.recipe.specialization.full_batch_size is not None
+        try:
+            model_dir = resolve_model_dir(plan.model.id, self.loaded.base_dir, plan.model.revision)
+            key = export_key(self.pm, plan.model, model_dir, plan.role, cb)
+        except SpdflowError:
+            return lines + ["  compile: known once the model is on this machine (see preflight)"]
+        export_dir = self.run_dir / "export" / f"{plan.role}-{key[:16]}"
+        marker, _ = cache.read_done(export_dir)
+        if marker is not None:
+            onnx, info = export_dir / marker["onnx"], _model_info(marker["model_info"])
+        else:
+            onnx, info = export_dir / "model.onnx", _planned_model_info(plan.model.id, model_dir)
+        request = CompileRequest(
+            onnx_path=onnx, export_dir=export_dir, specializations=shapes, num_speculative_tokens=plan.k_list,
+            devices=plan.devices, model_info=info, role=plan.role, continuous_batching=cb, compile_only=True,
+            dtype=plan.model.dtype,
+            backend_config=plugin_config(self.pm, "backend", plan.devices.backend, plan.devices.with_),
+        )
+        described = self.backend().describe_compile(request, exported=marker is not None)
+        return lines + ["  " + line for line in described]
+
+    def build_auxiliary_models(self, plans: list[ProgramPlan]) -> None:
+        """Build the auxiliary programs as stages of their own, so they are cached, reported and
+        written under --compile-only like the target's program."""
+        for plan in plans:
+            self._auxiliary[(plan.role, plan.model.id)] = self.build_model(
+                plan.model, plan.role, plan.k_list, plan.devices)
+
+    def auxiliary_models(self) -> list[AuxiliaryModel]:
+        """The models the recipe's proposer declares, when a proposer will run."""
+        recipe = self.recipe
+        if recipe.proposer is None or self.options.proposer_off:
+            return []
+        policy = make_k_policy(self.pm, recipe.k_policy.uses, recipe.k_policy.with_)
+        if not speculates(policy, recipe.k_list()):
+            return []
+        return auxiliary_models(self._proposer_config())
+
+    def _proposer_config(self):
+        registration = self.pm.lookup("proposer", self.recipe.proposer.uses)
+        config = self.loaded.proposer_config
+        if config is None and registration.config is not None:
+            config = registration.config.model_validate(self.recipe.proposer.with_)
+        return config
 
     def open_session(self, program: CompiledProgram):
         backend = self.backend()
@@ -273,9 +368,12 @@ class Engine:
     def build_draft_session(self, model_id: str, k_list: list[int], role: str = "draft",
                             device_ids: list[int] | None = None, num_cores: int | None = None):
         """For proposers with their own model: the same stages, its own shapes and devices."""
-        devices = draft_devices(self.pm, self.recipe.devices, device_ids, num_cores)
-        model = ModelSpec(id=model_id, dtype=self.recipe.model.dtype)
-        program, info = self.build_model(model, role, sorted(set(k_list)), devices)
+        built = self._auxiliary.get((role, model_id))
+        if built is None:  # a proposer that did not declare the model: build it now
+            devices = draft_devices(self.pm, self.recipe.devices, device_ids, num_cores)
+            model = ModelSpec(id=model_id, dtype=self.recipe.model.dtype)
+            built = self.build_model(model, role, sorted(set(k_list)), devices)
+        program, info = built
         if not program.runnable:
             raise StageError("the draft model was compiled with --compile-only and cannot run here")
         return self.open_session(program), info
@@ -348,9 +446,7 @@ class Engine:
     def _make_proposer(self, info: ModelInfo, sampling: Sampling, baseline: dict):
         recipe = self.recipe
         registration = self.pm.lookup("proposer", recipe.proposer.uses)
-        config = self.loaded.proposer_config
-        if config is None and registration.config is not None:
-            config = registration.config.model_validate(recipe.proposer.with_)
+        config = self._proposer_config()
         ctx = ProposerContext(recipe=recipe, target=info, sampling=sampling, run_dir=self.run_dir, base_dir=self.loaded.base_dir,
                               build_session=self.build_draft_session,
                               reference_output=lambda i: baseline[i])
@@ -391,10 +487,13 @@ class Engine:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.pm.hook.spdflow_before_run(recipe=self.recipe, run=state)
         try:
-            program, info = self.build_model(self.recipe.model, "target", self.recipe.k_list(), self.recipe.devices)
-            if not program.runnable:
-                state.stages["generate"].reason = "compile-only: nothing to run here"
-                state.stages["generate"].status = "skipped"
+            target, *auxiliary = self.programs()
+            program, info = self.build_model(target.model, target.role, target.k_list, target.devices)
+            self.build_auxiliary_models(auxiliary)
+            if self.options.compile_only or not program.runnable:
+                # The engine's rule, whatever the backend and whether the programs were cached.
+                programs = 1 + len(self._auxiliary)
+                self._skip("generate", f"compile-only: {programs} program(s) written, nothing generated")
             else:
                 self.generate(program, info)
             state.status = "ok"
@@ -469,6 +568,17 @@ def _model_info(data: dict) -> ModelInfo:
                      Path(data["tokenizer_file"]) if data["tokenizer_file"] else None)
 
 
+def _planned_model_info(model_id: str, model_dir: Path) -> ModelInfo:
+    """What is known of a model before its export: the layer count from its config.json."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    layers = config.get("num_hidden_layers", 0) if isinstance(config, dict) else 0
+    return ModelInfo(model_id, str(config.get("model_type", "")) if isinstance(config, dict) else "", 0,
+                     int(layers) if isinstance(layers, int) else 0, 0, 0, (), 0, Path(model_dir), None)
+
+
 def load_tokenizer(info: ModelInfo):
     from tokenizers import Tokenizer
 
@@ -479,11 +589,11 @@ def load_tokenizer(info: ModelInfo):
 
 
 def _current_stage(state: RunState) -> str:
-    for name in STAGES:
-        if state.stages[name].status in ("failed", "running"):
+    for name, stage in state.stages.items():
+        if stage.status in ("failed", "running"):
             return name
-    for name in STAGES:
-        if state.stages[name].status == "not_run":
+    for name, stage in state.stages.items():
+        if stage.status == "not_run":
             return name
     return "report"
 
