@@ -120,6 +120,11 @@ FINDINGS: tuple[CatalogEntry, ...] = (
     _lint("SPD111", "model '<id>' is not a directory / is not in the local Hugging Face cache / has no config.json",
           "model.id, or a proposer's proposer.with.model, names no model on this machine (spdflow never downloads).",
           "Point the key named in the hint at a local HF folder, or put the model in the local HF cache.", error=True),
+    _lint("SPD120", "backend '<name>' cannot compile model.dtype <dtype>: <why>",
+          "The backend's compiler does not take weights of that dtype with these settings (qaic: bfloat16 for "
+          "aic_hw_version ai100); the compile stage refuses it too, before writing anything.",
+          "Set model.dtype: float32 (what QEfficient does for bf16 models on AI 100), or a hardware version that takes it.",
+          error=True),
 )
 
 RUNTIME: tuple[CatalogEntry, ...] = (

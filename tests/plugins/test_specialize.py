@@ -38,7 +38,8 @@ def test_specialize_prefill_then_one_decode_per_k_ascending(ks, decode_seq_lens)
 )
 def test_specialize_continuous_batching_prefills_at_batch_1_and_decodes_at_full_batch(ks, decode_seq_lens):
     specs = specialize(ks, prefill_seq_len=32, ctx_len=128, batch_size=2, full_batch_size=4)
-    assert flat(specs) == [shape(1, 32, fbs=4)] + [shape(4, n, nlk=n, fbs=4) for n in decode_seq_lens]
+    prefill = {**shape(1, 32, fbs=4), "full_batch_exec_size": "1"}  # QEfficient's CB prefill symbol
+    assert flat(specs) == [prefill] + [shape(4, n, nlk=n, fbs=4) for n in decode_seq_lens]
 
 
 def test_specialize_keeps_decode_when_k_plus_1_equals_prefill_seq_len():
