@@ -160,6 +160,9 @@ class Backend:
 
     name: str = ""
     version: str = "0"
+    #: what one entry of ``devices.device_ids`` is, as a schedulable resource (e.g. "qaic": a
+    #: sweep asks Ray for one "qaic" unit per device id); None when the backend runs on host CPUs
+    device_resource: str | None = None
 
     def unavailable_reason(self) -> str | None:
         """None when sessions can be opened here, else one sentence saying what is missing."""

@@ -127,6 +127,27 @@ FINDINGS: tuple[CatalogEntry, ...] = (
           error=True),
 )
 
+SWEEP_FINDINGS: tuple[CatalogEntry, ...] = (
+    _finding("SPD301", "unknown key '<key>' in <section>; did you mean '<key>'? / '<path>' is a value, not a section",
+             "A set/matrix/include/exclude key of a sweep file is not a recipe key (dotted, as --set).",
+             "Use a key from the hint; `spdflow schema` lists every recipe key."),
+    _finding("SPD302", "matrix key '<key>' has no values", "A matrix entry is an empty list.", "Give at least one value."),
+    _finding("SPD303", "base recipe '<path>': no such file / is not a YAML mapping",
+             "The sweep's base recipe cannot be read.", "base is a recipe path relative to the sweep file, or an inline recipe."),
+    _finding("SPD304", "exclude key '<key>' is not a matrix key, so it can never match",
+             "exclude entries only match matrix keys.", "Use matrix keys in exclude entries."),
+    _finding("SPD305", "the sweep sets '<name|output>' of each point itself",
+             "A sweep names each point and gives it its own output dir.", "Use the sweep's own name/output keys."),
+    CatalogEntry("SPD306", "sweep warning", 0, "point <id> repeats point <id> (same recipe); it runs once",
+                 "Two matrix/include combinations expand to the same recipe.", "Drop the duplicate."),
+    _finding("SPD307", "the sweep has no points (everything is excluded)", "exclude removed every matrix point.",
+             "Remove exclude entries or add include entries."),
+    _finding("SPD308", "the matrix expands to <n> points (more than 2000)", "The cross product is very large.",
+             "Split the sweep, or exclude combinations."),
+    CatalogEntry("SPD309", "sweep warning", 0, "this exclude entry matches no matrix point",
+                 "Its values equal no matrix combination (lists must match exactly).", "Fix or drop the entry."),
+)
+
 RUNTIME: tuple[CatalogEntry, ...] = (
     CatalogEntry("usage.set", "UsageError", 2, "--set '<expr>' is not of the form dotted.key=value / the value is not valid YAML",
                  "A malformed --set override on the command line.", "Write --set dotted.key=value, e.g. --set num_speculative_tokens=[0,2,4]."),
@@ -202,12 +223,27 @@ RUNTIME: tuple[CatalogEntry, ...] = (
                  "Point at the run's output directory (runs/<name>), or rerun the recipe."),
     CatalogEntry("interrupted", "RunInterrupted", 130, "interrupted by the user; the partial report is in <dir>/report.json",
                  "Ctrl-C (SIGINT). The report's status is \"interrupted\".", "Rerun: finished stages are reused from the cache."),
+    CatalogEntry("sweep.invalid", "RecipeError", 3, "sweep '<path>' is invalid: <n> errors",
+                 "The sweep file, or a recipe it expands to, has findings, each printed above as path:line:col "
+                 "(prefixed with the point or points it concerns).", "Fix every listed finding; `spdflow lint` shows them too."),
+    CatalogEntry("sweep.points-failed", "sweep report", 1, "<n> of <m> points did not finish: <ids>",
+                 "Some points failed (or were not run); the others finished and are in sweep.md.",
+                 "Read points/<id>/run.log; rerun the sweep to run only those points."),
+    CatalogEntry("sweep.executor", "ExecutorUnavailableError", 1,
+                 "--executor ray needs Ray, which is not installed here; ... / cannot start or reach the Ray cluster at <addr>",
+                 "The executor chosen on the command line cannot run here.",
+                 "pip install \"spdflow[ray]\", check --address, or use the local executor."),
+    CatalogEntry("sweep.busy", "SpdflowError", 1, "another spdflow sweep is running in <dir>",
+                 "Two sweeps would write the same points at once.", "Wait for the other one, or set another output dir."),
+    CatalogEntry("sweep.interrupted", "RunInterrupted", 130, "sweep interrupted; finished points are kept in <dir>/points",
+                 "Ctrl-C or SIGTERM during a sweep: running points write 'interrupted' reports.",
+                 "Rerun the same command: finished points are skipped, the rest run."),
     CatalogEntry("internal", "unexpected exception", 1, "internal error: <ExceptionType>: <message>",
                  "A bug in spdflow: an error that has no one-sentence message yet.",
                  "Rerun with --verbose and report the traceback."),
 )
 
-ENTRIES: tuple[CatalogEntry, ...] = FINDINGS + RUNTIME
+ENTRIES: tuple[CatalogEntry, ...] = FINDINGS + SWEEP_FINDINGS + RUNTIME
 
 
 def entry(code: str) -> CatalogEntry:
@@ -254,6 +290,13 @@ def render_markdown() -> str:
         "SPD0xx make a recipe invalid (exit 3). SPD1xx are lint rules: warnings exit 0 unless `--strict`, errors exit 1.",
         "",
         *_table(FINDINGS, ("code", "kind", "message", "cause", "fix")),
+        "",
+        "## Sweep findings (`spdflow sweep`, `spdflow lint`)",
+        "",
+        "A sweep file's own problems are SPD3xx (errors exit 3, warnings 0); each expanded point is also checked as",
+        "a recipe, its findings (above) prefixed with the point or points they concern.",
+        "",
+        *_table(SWEEP_FINDINGS, ("code", "kind", "message", "cause", "fix")),
         "",
         "## Runtime errors",
         "",

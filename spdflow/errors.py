@@ -58,6 +58,12 @@ class BackendUnavailableError(StageError):
     """The backend's runtime or compiler is not installed on this machine."""
 
 
+class ExecutorUnavailableError(SpdflowError):
+    """The sweep executor named on the command line cannot run here (Ray missing or unreachable)."""
+
+    exit_code = 1
+
+
 class RunDataError(SpdflowError):
     """A run directory cannot be replayed or priced (``spdflow whatif`` / ``advise``): files
     missing, unreadable, or from a trace format this spdflow does not know."""

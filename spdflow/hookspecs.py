@@ -181,6 +181,9 @@ def spdflow_compile(request: "CompileRequest", backend: "Any") -> "CompiledProgr
 
     Called by the engine's compile stage, once per model. The default implementation calls
     ``backend.compile(request)``; the backend owns its cache (the ``qpc-<hash>`` directory).
+    Runs that share a cache dir (the points of a sweep) may ask for one program at once, so a
+    backend builds under ``spdflow.engine.cache.build_lock(qpc_dir)`` and checks for a finished
+    program inside it (the built-in backends do).
 
     :param request: the ONNX, its specializations, the devices section, the K-list.
     :param backend: the :class:`spdflow.api.Backend` named by ``devices.backend``.

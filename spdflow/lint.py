@@ -19,6 +19,7 @@ from spdflow.plugins import required_ks
 from spdflow.preflight import preflight
 from spdflow.recipe.loader import LoadedRecipe, read_recipe
 from spdflow.recipe.yamlsource import Finding, Location
+from spdflow.sweep.spec import is_sweep_document, read_sweep
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
@@ -365,11 +366,14 @@ def lint_paths(patterns: list[str], pm, overrides: list[str] | None = None, opti
     for path in files:
         result.files.append(path)
         loaded = read_recipe(path, pm, overrides)
-        findings = list(loaded.findings)
-        if not loaded.errors:
-            for rule in RULES:
-                findings += rule(loaded, pm)
-            findings += preflight(loaded, pm)
+        if loaded.document is not None and is_sweep_document(loaded.document.data):
+            findings = read_sweep(path, pm).findings  # every point is checked there, rules and preflight included
+        else:
+            findings = list(loaded.findings)
+            if not loaded.errors:
+                for rule in RULES:
+                    findings += rule(loaded, pm)
+                findings += preflight(loaded, pm)
         try:
             noqa = noqa_codes(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
@@ -378,7 +382,8 @@ def lint_paths(patterns: list[str], pm, overrides: list[str] | None = None, opti
         kept = [f for f in findings if keep_finding(f, options, noqa if f.location.source == str(path) else ({}, set()))]
         result.suppressed += len(findings) - len(kept)
         result.findings += kept
-        if any(f.severity == "error" and f.code.startswith("SPD0") for f in kept):
+        # SPD0xx (recipe) and SPD3xx (sweep file) errors make a file invalid
+        if any(f.severity == "error" and f.code.startswith(("SPD0", "SPD3")) for f in kept):
             result.invalid = True
     return result
 

@@ -1,11 +1,16 @@
-"""Shared fixtures: a fresh plugin manager per test and a recipe writer."""
+"""Shared fixtures: a fresh plugin manager per test, a recipe writer, and the sweep tests' 2x2 sweep
+(proposers x K-lists of the embedded model), run once per session by the local executor; the Ray
+tests compare their tokens with it."""
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from spdflow.cli import cli
 from spdflow.plugins import get_plugin_manager
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,3 +42,50 @@ def write_recipe(tmp_path):
         return path
 
     return write
+
+
+# ------------------------------------------------------------------------------- sweeps
+
+SWEEP_2X2 = """\
+version: 1
+name: two-by-two
+base:
+  version: 1
+  name: base
+  model: {{id: spdflow:tinycode-target}}
+  proposer: {{uses: prompt_lookup}}
+  specialization: {{prefill_seq_len: 16, ctx_len: 128}}
+  devices: {{backend: onnxruntime, with: {{threads: 1}}}}
+  workload:
+    prompts: ["def add(a, b):\\n    return a + b\\n\\ndef sub(a, b):", "for i in range(10):\\n    print(i)\\nfor j in"]
+    max_new_tokens: {tokens}
+matrix:
+  proposer.uses: [prompt_lookup, suffix]
+  num_speculative_tokens: [[0, 2], [0, 3]]
+output: {output}
+cache: {cache}
+"""
+
+
+def write_sweep(folder: Path, output: Path, tokens: int = 12, cache: Path | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sweep.yaml"
+    cache = json.dumps(str(cache)) if cache else "null"
+    path.write_text(textwrap.dedent(SWEEP_2X2.format(output=json.dumps(str(output)), tokens=tokens, cache=cache)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def local_sweep(tmp_path_factory):
+    """The 2x2 sweep run by `spdflow sweep --jobs 2`: two points at once build the shared export."""
+    root = tmp_path_factory.mktemp("sweep-local")
+    path = write_sweep(root, root / "out")
+    result = CliRunner().invoke(cli, ["sweep", str(path), "--jobs", "2", "-q", "--json"])
+    return {"path": path, "out": root / "out", "result": result}
+
+
+@pytest.fixture
+def sweep_file(local_sweep):
+    """write(folder, output, tokens=12) -> a 2x2 sweep file sharing the session sweep's cache
+    (its export and programs are built already)."""
+    return lambda folder, output, tokens=12: write_sweep(folder, output, tokens, local_sweep["out"] / "cache")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
-from spdflow.engine.cache import sha256_file
+from spdflow.engine.cache import build_lock, sha256_file
 from spdflow.errors import StageError
 from spdflow_ort.config import OrtConfig
 from spdflow_ort.lowering import LOWERING_VERSION, lower_custom_ops
@@ -239,7 +239,7 @@ class OrtBackend(Backend):
         """Build ``export_dir/qpc-<key>/`` unless a complete one exists (then it is reused)."""
         import onnx
 
-        from spdflow.qpc import atomic_dir, short_hash
+        from spdflow.qpc import short_hash
         from spdflow_qaic.formats import custom_io_entries
 
         onnx_path = Path(request.onnx_path)
@@ -255,6 +255,11 @@ class OrtBackend(Backend):
         params = compile_params(request, sha256_file(onnx_path), data_bytes, custom_io)
         key = short_hash(params)
         qpc_dir = Path(request.export_dir) / f"qpc-{key}"
+        with build_lock(qpc_dir):  # runs sharing a cache build each program once
+            return self._build(request, model, params, custom_io, key, qpc_dir)
+
+    def _build(self, request: CompileRequest, model, params: dict, custom_io, key: str, qpc_dir: Path) -> OrtProgram:
+        from spdflow.qpc import atomic_dir
 
         if program_is_complete(qpc_dir) and not request.force:
             return self._program(request, qpc_dir, key, cached=True, reason=f"cached (key {key})")

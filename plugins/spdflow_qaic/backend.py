@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Session
+from spdflow.engine.cache import build_lock
 from spdflow.errors import BackendUnavailableError, StageError
 from spdflow.qpc import short_hash, write_text_atomic
 from spdflow_qaic.config import QaicConfig
@@ -364,6 +365,7 @@ class QaicBackend(Backend):
 
     name = "qaic"
     version = "1"
+    device_resource = "qaic"
 
     def unavailable_reason(self) -> str | None:
         from spdflow_qaic.runtime import runtime_unavailable_reason
@@ -376,6 +378,10 @@ class QaicBackend(Backend):
     def compile(self, request: CompileRequest) -> CompiledProgram:
         """Write qpc-<hash>/ and compile into it, unless qpc/programqpc.bin is already there."""
         plan = plan_compile(request)
+        with build_lock(plan.qpc_dir):  # runs sharing a cache compile each program once
+            return self._compile(request, plan)
+
+    def _compile(self, request: CompileRequest, plan: CompilePlan) -> CompiledProgram:
         if plan.marker.is_file() and not request.force:
             return self._program(request, plan, cached=True,
                                  reason=f"qpc-{plan.key}/qpc/{PROGRAM_MARKER} exists")

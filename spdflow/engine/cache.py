@@ -7,10 +7,11 @@ without it, or whose files no longer match, is not trusted (a warning, then a re
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from spdflow.qpc import write_text_atomic
 
@@ -82,6 +83,38 @@ def read_done(directory: Path) -> tuple[dict[str, Any] | None, str]:
         if file_digest(path) != digest:
             return None, f"'{name}' does not match its recorded hash"
     return marker, ""
+
+
+@contextlib.contextmanager
+def build_lock(target: Path, *, wait: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on building ``target`` while the block runs (``wait=False``:
+    raise BlockingIOError at once when another process holds it).
+
+    Runs that share a cache (the points of a sweep) may want the same output at once: the
+    first builds it, the others wait here and then find it complete. Callers check for a
+    finished output *inside* the block. The lock is ``flock`` on a file named after the
+    target's absolute path in the system temp dir (so cache folders hold only their entries),
+    released by the kernel if the holder dies: a killed build never blocks a rerun. It
+    serializes processes of one host; where ``fcntl`` does not exist (Windows) the block runs
+    unlocked.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    import os
+    import tempfile
+
+    locks = Path(tempfile.gettempdir()) / f"spdflow-locks-{os.getuid()}"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    name = hashlib.sha256(str(Path(target).resolve()).encode()).hexdigest()[:32]
+    with open(locks / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -50,6 +50,9 @@ class RunOptions:
     check_lossless: bool = False
     report_path: Path | None = None
     proposer_off: bool = False
+    #: where exports (and the compiled programs beside them) are kept; None keeps them in the
+    #: run directory. Runs that share a cache dir reuse each other's artifacts (a sweep).
+    cache_dir: Path | None = None
 
 
 @dataclass
@@ -220,7 +223,15 @@ class Engine:
         model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision,
                                       key="model.id" if role == "target" else "proposer.with.model")
         key = export_key(self.pm, model, model_dir, role, cb)
-        target = self.run_dir / "export" / f"{role}-{key[:16]}"
+        target = self.export_root() / f"{role}-{key[:16]}"
+        with cache.build_lock(target):  # runs sharing a cache dir export each model once
+            return self._export_locked(model, model_dir, role, cb, key, target)
+
+    def export_root(self) -> Path:
+        """The folder of exported models: the shared cache dir's, else the run dir's."""
+        return Path(self.options.cache_dir or self.run_dir) / "export"
+
+    def _export_locked(self, model: ModelSpec, model_dir: Path, role: str, cb: bool, key: str, target: Path):
         if not should_force("export", self.options):
             marker, why = cache.read_done(target)
             if marker is not None:

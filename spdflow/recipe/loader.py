@@ -29,6 +29,9 @@ class LoadedRecipe:
     backend_config: BaseModel | None = None
     k_policy_config: BaseModel | None = None
     findings: list[Finding] = field(default_factory=list)
+    #: the folder relative paths in the recipe resolve against, when it is not the file's own
+    #: (a sweep point's recipe resolves against its base recipe's folder)
+    root: Path | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -36,7 +39,7 @@ class LoadedRecipe:
 
     @property
     def base_dir(self) -> Path:
-        return self.path.resolve().parent
+        return self.root.resolve() if self.root is not None else self.path.resolve().parent
 
 
 def parse_override(expr: str) -> tuple[tuple[str, ...], Any]:
@@ -58,31 +61,46 @@ def apply_overrides(document: YamlDocument, overrides: list[str]) -> None:
         return
     for expr in overrides:
         keys, value = parse_override(expr)
-        node = document.data
-        for depth, key in enumerate(keys[:-1]):
-            child = node.get(key)
-            if not isinstance(child, dict):
-                child = {}
-                node[key] = child
-            node = child
-        node[keys[-1]] = value
-        location = Location(f"--set {expr}")
-        for path in [p for p in list(document.positions) if p[: len(keys)] == keys]:
-            del document.positions[path]
-        for i in range(1, len(keys) + 1):
-            document.positions.setdefault(keys[:i], location)
-        _mark_all(value, keys, location, document)
+        set_value(document, keys, value, Location(f"--set {expr}"))
 
 
-def _mark_all(value: Any, path: tuple, location: Location, document: YamlDocument) -> None:
+def set_value(document: YamlDocument, keys: tuple[str, ...], value: Any, location: Location,
+              located: YamlDocument | None = None, located_at: tuple = ()) -> None:
+    """Set ``value`` at the dotted path ``keys`` (creating mappings on the way), as --set does.
+
+    Findings about the new value point at ``location``, or, when the value was read from
+    another YAML document (a sweep file), at its own positions: ``located`` is that document
+    and ``located_at`` the value's path in it.
+    """
+    node = document.data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[keys[-1]] = value
+    for path in [p for p in list(document.positions) if p[: len(keys)] == keys]:
+        del document.positions[path]
+    for i in range(1, len(keys) + 1):
+        document.positions.setdefault(keys[:i], location)
+    _mark_all(value, keys, location, document, located, located_at)
+
+
+def _mark_all(value: Any, path: tuple, location: Location, document: YamlDocument,
+              located: YamlDocument | None = None, located_at: tuple = ()) -> None:
+    if located is not None:
+        location = located.positions.get(located_at, location)
+        document.key_positions[path] = located.key_positions.get(located_at, location)
+    else:
+        document.key_positions[path] = location
     document.positions[path] = location
-    document.key_positions[path] = location
     if isinstance(value, dict):
         for key, child in value.items():
-            _mark_all(child, path + (key,), location, document)
+            _mark_all(child, path + (key,), location, document, located, located_at + (key,))
     elif isinstance(value, list):
         for i, child in enumerate(value):
-            _mark_all(child, path + (i,), location, document)
+            _mark_all(child, path + (i,), location, document, located, located_at + (i,))
 
 
 # ------------------------------------------------------------------------------- validation
@@ -170,6 +188,36 @@ def _value_at(data: Any, loc: tuple) -> Any:
     return node
 
 
+def key_path_problem(model: type[BaseModel], keys: tuple[str, ...]) -> tuple[str, str | None, list[str]] | None:
+    """Why the dotted path ``keys`` names no key of ``model``, or None: (message, the closest
+    allowed key or None, the allowed keys at that level).
+
+    Below a free-form mapping (a plugin's ``with:``) every key is accepted here: the plugin's
+    own model checks it when the recipe is validated.
+    """
+    current: Any = model
+    for depth, key in enumerate(keys):
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            if _is_mapping(current):
+                return None
+            where = ".".join(keys[:depth])
+            return f"'{where}' is a value, not a section: it has no key '{key}'", None, []
+        info = _field_by_name(current, key)
+        if info is None:
+            allowed = [i.alias or name for name, i in current.model_fields.items()]
+            where = ".".join(keys[:depth]) or "the recipe"
+            close = difflib.get_close_matches(key, allowed, n=1)
+            return f"unknown key '{key}' in {where}", close[0] if close else None, allowed
+        current = _model_in(info.annotation) or info.annotation
+    return None
+
+
+def _is_mapping(annotation: Any) -> bool:
+    if getattr(annotation, "__origin__", None) is dict or annotation is dict:
+        return True
+    return any(_is_mapping(arg) for arg in getattr(annotation, "__args__", ()) or ())
+
+
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """The field names (aliases where set) of the model found at ``loc`` under ``model``."""
     current: Any = model
@@ -204,9 +252,11 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def validate_document(document: YamlDocument, pm, path: Path) -> LoadedRecipe:
-    """Schema, plugin names, plugin configs and cross-field checks; collects every finding."""
-    loaded = LoadedRecipe(None, path, document)
+def validate_document(document: YamlDocument, pm, path: Path, root: Path | None = None) -> LoadedRecipe:
+    """Schema, plugin names, plugin configs and cross-field checks; collects every finding.
+
+    ``root`` is the folder relative paths resolve against when it is not ``path``'s own."""
+    loaded = LoadedRecipe(None, path, document, root=root)
     data = document.data
     if not isinstance(data, dict):
         loaded.findings.append(Finding(document.location(()), "SPD012", "the recipe must be a YAML mapping (key: value lines)",
@@ -307,7 +357,7 @@ def moved_keys(data: dict, pm) -> dict[tuple, tuple[str, str]]:
     return moved
 
 
-def read_recipe(path: Path | str, pm, overrides: list[str] | None = None) -> LoadedRecipe:
+def read_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: Path | None = None) -> LoadedRecipe:
     """Read, parse and validate a recipe file; bad content becomes findings, never an exception.
 
     Only a bad ``--set`` expression raises (UsageError): it is a command-line problem.
@@ -329,16 +379,16 @@ def read_recipe(path: Path | str, pm, overrides: list[str] | None = None) -> Loa
     except YamlProblem as exc:
         return LoadedRecipe(None, path, None, findings=[exc.finding])
     apply_overrides(document, overrides or [])
-    return validate_document(document, pm, path)
+    return validate_document(document, pm, path, root)
 
 
 def _unreadable(path: Path, message: str, hint: str | None) -> LoadedRecipe:
     return LoadedRecipe(None, path, None, findings=[Finding(Location(str(path)), "SPD000", message, hint)])
 
 
-def load_recipe(path: Path | str, pm, overrides: list[str] | None = None) -> LoadedRecipe:
+def load_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: Path | None = None) -> LoadedRecipe:
     """Like read_recipe, but a recipe with any error raises one RecipeError with all findings."""
-    loaded = read_recipe(path, pm, overrides)
+    loaded = read_recipe(path, pm, overrides, root)
     errors = loaded.errors
     if errors:
         count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"

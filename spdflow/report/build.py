@@ -69,7 +69,7 @@ def _artifacts(engine) -> list[Artifact]:
                  if (run_dir / name).is_file()]
     compile_stage = engine.state.stages["compile"]
     qpc_dir = compile_stage.detail.get("qpc_dir") if compile_stage.detail else None
-    export_root = run_dir / "export"
+    export_root = engine.export_root()
     if export_root.is_dir():
         for onnx in sorted(export_root.glob("*/*.onnx")):
             artifacts.append(make_artifact(run_dir, onnx, f"{onnx.parent.name.split('-')[0]}.onnx"))

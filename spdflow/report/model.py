@@ -67,7 +67,8 @@ class Artifact(_Model):
     """One file the run produced."""
 
     name: str = Field(description="What the file is, e.g. target.onnx, trace.")
-    path: str = Field(description="Path relative to the run directory, POSIX form.")
+    path: str = Field(description="Path relative to the run directory, POSIX form; absolute when the file "
+                      "lives outside it (a shared cache dir).")
     sha256: str | None = Field(None, description="Hex SHA-256 of the file content.")
     bytes: int | None = Field(None, description="File size in bytes.")
 
@@ -151,7 +152,10 @@ def collect_environment(packages: tuple[str, ...] = ENVIRONMENT_PACKAGES) -> Env
 def make_artifact(run_dir: Path, path: Path, name: str | None = None, *, hash_file: bool = True) -> Artifact:
     """An :class:`Artifact` for ``path`` (inside ``run_dir``) with its size and hash."""
     path = Path(path)
-    relative = path.resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    try:
+        relative = path.resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    except ValueError:  # outside the run dir: a shared cache (spdflow sweep, --cache-dir)
+        relative = path.resolve().as_posix()
     return Artifact(
         name=name or path.name,
         path=relative,
