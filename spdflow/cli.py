@@ -178,14 +178,17 @@ def lint(paths, overrides, fmt, strict, exclude, select, ignore, recipe_glob, re
 
 @cli.command()
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file instead of stdout.")
-def schema(output):
+@click.option("--sweep", "for_sweep", is_flag=True,
+              help="The sweep file's schema instead (its inline base refers to recipe.schema.json beside it).")
+def schema(output, for_sweep):
     """Print the recipe's JSON Schema, including every installed plugin's config.
 
     Use it from an editor with a first line `# yaml-language-server: $schema=<file>`.
     """
     from spdflow.recipe.jsonschema import recipe_json_schema
+    from spdflow.sweep.spec import sweep_json_schema
 
-    text = json.dumps(recipe_json_schema(_pm()), indent=2)
+    text = json.dumps(sweep_json_schema() if for_sweep else recipe_json_schema(_pm()), indent=2)
     if output:
         from spdflow.engine.cache import write_text_atomic
 

@@ -94,8 +94,11 @@ def _model_info(run_dir: Path, report: dict) -> ModelInfo:
     from spdflow.engine import cache
     from spdflow.engine.run import _model_info
 
-    key = next((s.get("cache_key") for s in report.get("stages", []) if s.get("name") == "export"), None)
+    export = next((s for s in report.get("stages", []) if s.get("name") == "export"), {})
+    key = export.get("cache_key")
     candidates = sorted((run_dir / "export").glob(f"target-{key or ''}*"))
+    if (export.get("detail") or {}).get("export_dir"):  # a shared cache dir (spdflow sweep, --cache-dir)
+        candidates.insert(0, Path(export["detail"]["export_dir"]))
     for directory in candidates:
         marker, _ = cache.read_done(directory)
         if marker is not None and "model_info" in marker:

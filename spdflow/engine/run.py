@@ -285,6 +285,7 @@ class Engine:
             self._end(stage, start, "failed", "export failed")
             raise
         stage.cache_key = key[:16]
+        stage.detail = {"export_dir": str(onnx.parent)}  # in the run dir, or a shared cache dir
         self._end(stage, start, "cached" if cached else "ran", reason)
         stage, start = self._begin(name("specialize"))
         shapes = specializations_for(self.pm, self.recipe, k_list)
@@ -331,7 +332,7 @@ class Engine:
             key = export_key(self.pm, plan.model, model_dir, plan.role, cb)
         except SpdflowError:
             return lines + ["  compile: known once the model is on this machine (see preflight)"]
-        export_dir = self.run_dir / "export" / f"{plan.role}-{key[:16]}"
+        export_dir = self.export_root() / f"{plan.role}-{key[:16]}"
         marker, _ = cache.read_done(export_dir)
         if marker is not None:
             onnx, info = export_dir / marker["onnx"], _model_info(marker["model_info"])

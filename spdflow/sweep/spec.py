@@ -350,3 +350,14 @@ def _expand(loaded: LoadedSweep, base: YamlDocument, combos: list, pm) -> None:
                                                         else f"points {', '.join(ids)}")
         loaded.findings.append(Finding(location, code, f"{who}: {message}", hint, severity))
 
+
+def sweep_json_schema() -> dict:
+    """JSON Schema (draft 2020-12) of a sweep file. An inline ``base`` refers to the recipe's
+    schema by the relative URL ``recipe.schema.json``: the two files live side by side (docs/)."""
+    schema = SweepSpec.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "spdflow sweep"
+    base = schema["properties"]["base"]
+    schema["properties"]["base"] = {"description": base.get("description", ""),
+                                    "anyOf": [{"type": "string"}, {"$ref": "recipe.schema.json"}]}
+    return schema

@@ -234,3 +234,18 @@ def test_cli_dry_run_lists_points_and_invalid_sweep_exits_3(tmp_path, base):
     assert "SPD301" in result.stderr and "did you mean 'num_speculative_tokens'" in result.stderr
     result = runner.invoke(cli, ["sweep", str(bad), "--address", "auto"])
     assert result.exit_code == 2 and "--address is for --executor ray" in result.stderr
+
+
+def test_committed_sweep_schema_is_current_and_the_shipped_sweep_follows_it():
+    import json
+
+    import jsonschema
+    import yaml
+
+    committed = json.loads((REPO / "docs" / "sweep.schema.json").read_text())
+    assert committed == json.loads(CliRunner().invoke(cli, ["schema", "--sweep"]).stdout), \
+        "run: spdflow schema --sweep -o docs/sweep.schema.json"
+    shipped = yaml.safe_load((REPO / "recipes" / "sweeps" / "tinycode_klists.yaml").read_text())
+    jsonschema.Draft202012Validator(committed).validate(shipped)
+    errors = list(jsonschema.Draft202012Validator(committed).iter_errors({**shipped, "matrx": {}}))
+    assert errors and "matrx" in errors[0].message
