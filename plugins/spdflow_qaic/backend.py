@@ -6,6 +6,7 @@ The compiler is an external program, so everything here is testable with a fake 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +36,8 @@ from spdflow_qaic.formats import (
 SDK_ROOT = Path("/opt/qti-aic")
 #: Environment variable that overrides the compiler path (a fake one in tests).
 COMPILER_ENV = "QAIC_COMPILER"
+#: Environment variable that overrides the path of qaic-util (hardware detection).
+UTIL_ENV = "QAIC_UTIL"
 #: Flags spdflow derives from the devices section; setting them in compiler_options would
 #: pass them twice with possibly different values.
 RESERVED_OPTIONS = {
@@ -114,10 +117,54 @@ def extra_option_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
+@functools.lru_cache(maxsize=None)
+def detect_hw_version(util: str) -> str:
+    """ai200 when ``qaic-util -q`` reports an AIC200 firmware image, else (or on any error) ai100."""
+    try:
+        result = subprocess.run([util, "-q"], capture_output=True, text=True, timeout=10,
+                                stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return "ai100"
+    variants = [line for line in result.stdout.splitlines() if "IMAGE_VARIANT" in line]
+    return "ai200" if any("AIC200" in line for line in variants) else "ai100"
+
+
+def hw_version(config: QaicConfig) -> str:
+    """The -aic-hw-version value: the configured one, or the detected one for 'auto'."""
+    if config.aic_hw_version != "auto":
+        return config.aic_hw_version
+    return detect_hw_version(os.environ.get(UTIL_ENV) or str(SDK_ROOT / "tools" / "qaic-util"))
+
+
+def program_shapes(request: CompileRequest) -> list:
+    """The shapes this program holds: all, or only prefill / only decode (disaggregated serving)."""
+    programs = qaic_config(request).programs
+    if programs == "both":
+        return list(request.specializations)
+    return [spec for spec in request.specializations if spec.kind == programs]
+
+
+def user_mdp_file(request: CompileRequest) -> tuple[str, str] | None:
+    """(file name, text) of the user's MDP partition config, or None; a StageError if unreadable."""
+    name = qaic_config(request).mdp_partition_file
+    if name is None:
+        return None
+    path = Path(name).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise StageError(
+            f"devices.with.mdp_partition_file '{name}' cannot be used ({type(exc).__name__}: {exc}); "
+            "point it at a readable MDP partition config in JSON"
+        ) from None
+    return path.name, text
+
+
 def option_flags(request: CompileRequest) -> list[str]:
     """The flags that do not name a file: -aic-hw ... extras (QEfficient steps 1-6)."""
     config = qaic_config(request)
-    flags = ["-aic-hw", f"-aic-hw-version={config.aic_hw_version}"]
+    flags = ["-aic-hw", f"-aic-hw-version={hw_version(config)}"]
     if config.compiler == "qaic-exec":
         flags.append("-compile-only")  # qaic-exec runs the program after compiling otherwise
     flags.append("-retained-state")
@@ -127,11 +174,18 @@ def option_flags(request: CompileRequest) -> list[str]:
         flags.append("-mxfp6-matmul")  # QEfficient: right after -convert-to-fp16
     flags.append(f"-aic-num-cores={config.num_cores}")
     flags.extend(extra_option_flags(config.compiler_options))
+    if config.sub_functions:
+        flags.append("-sub-functions")  # QEfficient step 6, after the options
     return flags
 
 
-def mdp_flags(qpc_dir: str, num_devices: int) -> list[str]:
-    """The partition config of a multi-device program (QEfficient passes it right after -m=)."""
+def mdp_flags(request: CompileRequest, qpc_dir: str) -> list[str]:
+    """The partition config (QEfficient passes it right after -m=): the user's file, or the
+    generated one of a multi-device program."""
+    user = user_mdp_file(request)
+    if user is not None:
+        return [f"-mdp-load-partition-config={qpc_dir}/{user[0]}"]
+    num_devices = len(request.devices.device_ids)
     if num_devices > 1:
         return [f"-mdp-load-partition-config={qpc_dir}/{mdp_file_name(num_devices)}"]
     return []
@@ -150,7 +204,7 @@ def build_command(request: CompileRequest, compiler: Path, qpc_dir: Path) -> lis
     """The full compiler command, in QEfficient's order (DESIGN §4)."""
     flags = option_flags(request)
     # -m goes right after -aic-hw-version, then the partition config, then the options.
-    flags[2:2] = [f"-m={request.onnx_path}", *mdp_flags(str(qpc_dir), len(request.devices.device_ids))]
+    flags[2:2] = [f"-m={request.onnx_path}", *mdp_flags(request, str(qpc_dir))]
     return [str(compiler), *flags, *file_flags(str(qpc_dir))]
 
 
@@ -188,11 +242,12 @@ def compile_params(request: CompileRequest) -> dict:
         "command": option_flags(request),
         "onnx": onnx_identity(Path(request.onnx_path)),
         "specializations": specializations_document(
-            request.specializations, config.specializations_format
+            program_shapes(request), config.specializations_format
         ),
         "custom_io": [list(entry) for entry in _custom_io(request)],
         "mdp_ts_num_devices": num_devices,
         "mdp_ts_json": mdp_config(device_ids, config.num_cores) if num_devices > 1 else None,
+        "mdp_user_file": list(user) if (user := user_mdp_file(request)) else None,
         "num_speculative_tokens": sorted(set(request.num_speculative_tokens)),
     }
 
@@ -206,7 +261,7 @@ def _custom_io(request: CompileRequest) -> list[tuple[str, str]]:
 
 def dtype_problem(dtype: str, config: QaicConfig) -> str | None:
     """Why the compiler of ``config`` cannot take weights of ``dtype``, or None."""
-    if dtype == "bfloat16" and config.aic_hw_version == "ai100":
+    if dtype == "bfloat16" and hw_version(config) == "ai100":
         return ("the AI 100 compiler does not take bfloat16 weights; set model.dtype: float32 "
                 "(QEfficient loads bf16 models as float32 for ai100 and compiles them with "
                 "-convert-to-fp16 and a float16 KV cache)")
@@ -233,7 +288,10 @@ def plan_compile(request: CompileRequest) -> CompilePlan:
         "hashed_compile_params.json": _json_text(params),
         "qconfig.json": _json_text(qconfig(request, params, command)),
     }
-    if num_devices > 1:
+    if params["mdp_user_file"]:
+        name, text = params["mdp_user_file"]
+        files[name] = text
+    elif num_devices > 1:
         files[mdp_file_name(num_devices)] = _json_text(params["mdp_ts_json"])
     script = compile_script(request, qpc_dir)
     return CompilePlan(qpc_dir, key, compiler, command, params, files, script)
@@ -294,7 +352,7 @@ def compile_script(request: CompileRequest, qpc_dir: Path) -> str:
     device_ids = request.devices.device_ids
     onnx_rel = os.path.relpath(Path(request.onnx_path).resolve(), Path(qpc_dir).resolve())
     flags = [shlex.quote(flag) for flag in option_flags(request)]
-    flags[2:2] = ['"-m=$ONNX"', *(f'"{flag}"' for flag in mdp_flags("$HERE", len(device_ids)))]
+    flags[2:2] = ['"-m=$ONNX"', *(f'"{flag}"' for flag in mdp_flags(request, "$HERE"))]
     flags += [f'"{flag}"' for flag in file_flags("$HERE")]
     body = " \\\n    ".join(['"$COMPILER"', *flags, '"$@"'])
     return (
@@ -414,13 +472,17 @@ class QaicBackend(Backend):
     @staticmethod
     def _program(request: CompileRequest, plan: CompilePlan, *, cached: bool, reason: str,
                  runnable: bool = True) -> CompiledProgram:
+        part = qaic_config(request).programs
+        if part != "both":  # a disaggregated-serving program: spdflow's loop needs both halves
+            runnable = False
+            reason += f"; {part} shapes only, for a disaggregated server (spdflow does not generate with it)"
         return CompiledProgram(
             backend="qaic",
             qpc_dir=plan.qpc_dir,
             key=plan.key,
             cached=cached,
             reason=reason,
-            specializations=list(request.specializations),
+            specializations=program_shapes(request),
             model_info=request.model_info,
             command=plan.command,
             runnable=runnable,

@@ -16,7 +16,24 @@ class QaicConfig(BaseModel):
     mxint8_kv_cache: bool = Field(
         False, description="Keep the KV cache as MXINT8 (the Precision of every past_* IO in custom_io.yaml)."
     )
-    aic_hw_version: Literal["ai100", "ai200"] = Field("ai100", description="-aic-hw-version.")
+    aic_hw_version: Literal["auto", "ai100", "ai200"] = Field(
+        "auto",
+        description="-aic-hw-version; 'auto' asks `qaic-util -q` (an AIC200 firmware image gives "
+        "ai200) and falls back to ai100 where the SDK is absent, as QEfficient does.",
+    )
+    programs: Literal["both", "prefill", "decode"] = Field(
+        "both",
+        description="Which shapes the program holds: 'both', or only the prefill or only the decode "
+        "shapes for disaggregated serving (QEfficient's prefill_only); spdflow generates only with 'both'.",
+    )
+    sub_functions: bool = Field(
+        False, description="Compile repeated layers as ONNX sub-functions (-sub-functions)."
+    )
+    mdp_partition_file: str | None = Field(
+        None,
+        description="A user MDP partition config (JSON) used instead of the generated mdp_ts_<N>.json; "
+        "copied into the program dir and passed as -mdp-load-partition-config.",
+    )
     compiler: Literal["qaic-compile", "qaic-exec"] = Field(
         "qaic-compile", description="qaic-compile, or the legacy 'qaic-exec ... -compile-only'."
     )

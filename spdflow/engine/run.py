@@ -505,7 +505,8 @@ class Engine:
             if self.options.compile_only or not program.runnable:
                 # The engine's rule, whatever the backend and whether the programs were cached.
                 programs = 1 + len(self._auxiliary)
-                self._skip("generate", f"compile-only: {programs} program(s) written, nothing generated")
+                why = "compile-only" if self.options.compile_only else "the target program cannot run here"
+                self._skip("generate", f"{why}: {programs} program(s) written, nothing generated")
             else:
                 self.generate(program, info)
             state.status = "ok"

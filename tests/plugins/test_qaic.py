@@ -478,3 +478,50 @@ def test_atomic_dir_replaces_an_incomplete_target_and_cleans_up_on_failure(tmp_p
             (work / "half").write_text("z")
             raise RuntimeError("boom")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["qpc-0"]
+
+
+# ------------------------------------------------------------------------------ compile knobs
+
+
+@pytest.mark.parametrize("part, kinds", [("prefill", ["prefill"]), ("decode", ["decode", "decode"])])
+def test_prefill_or_decode_only_programs_hold_only_those_shapes(record, onnx, part, kinds):
+    both = QaicBackend().compile(make_request(onnx))
+    program = QaicBackend().compile(make_request(onnx, programs=part))
+    assert [s.kind for s in program.specializations] == kinds and program.key != both.key
+    assert len(read_json(program.qpc_dir / "specializations.json")["specializations"]) == len(kinds)
+    assert not program.runnable and "disaggregated" in program.reason
+
+
+def test_sub_functions_flag_follows_the_options_in_command_script_and_key(record, onnx):
+    plain = QaicBackend().compile(make_request(onnx, compiler_options={"mos": 1}))
+    program = QaicBackend().compile(make_request(onnx, compiler_options={"mos": 1}, sub_functions=True))
+    assert program.command[-4:-3] == ["-sub-functions"] and program.command[-5] == "-mos=1"
+    assert "-sub-functions" in (program.qpc_dir / "compile.sh").read_text() and program.key != plain.key
+
+
+def test_user_mdp_partition_file_is_copied_and_passed_after_m(record, onnx, tmp_path):
+    user = tmp_path / "my_partition.json"
+    user.write_text('{"connections": [], "partitions": [{"name": "P", "devices": [{"deviceId": 0, "numCores": 8}]}]}')
+    program = QaicBackend().compile(make_request(onnx, mdp_partition_file=str(user)))
+    assert program.command[4] == f"-mdp-load-partition-config={program.qpc_dir}/my_partition.json"
+    assert (program.qpc_dir / "my_partition.json").read_text() == user.read_text()
+    assert '"-mdp-load-partition-config=$HERE/my_partition.json"' in (program.qpc_dir / "compile.sh").read_text()
+    user.write_text(user.read_text().replace("8", "4"))
+    assert QaicBackend().compile(make_request(onnx, mdp_partition_file=str(user))).key != program.key
+    with pytest.raises(StageError, match="mdp_partition_file .* cannot be used"):
+        QaicBackend().compile(make_request(onnx, mdp_partition_file=str(tmp_path / "missing.json")))
+
+
+def test_aic_hw_version_auto_asks_qaic_util_and_falls_back_to_ai100(record, onnx, tmp_path, monkeypatch):
+    from spdflow_qaic import backend
+
+    util = tmp_path / "qaic-util"
+    util.write_text("#!/bin/sh\necho 'QID 0'\necho '\tFW IMAGE_VARIANT:AIC200_01'\n")
+    util.chmod(0o755)
+    backend.detect_hw_version.cache_clear()
+    monkeypatch.setenv("QAIC_UTIL", str(util))
+    assert "-aic-hw-version=ai200" in QaicBackend().compile(make_request(onnx)).command
+    assert "-aic-hw-version=ai100" in QaicBackend().compile(make_request(onnx, aic_hw_version="ai100")).command
+    monkeypatch.setenv("QAIC_UTIL", str(tmp_path / "absent"))
+    assert "-aic-hw-version=ai100" in QaicBackend().compile(make_request(onnx)).command
+    backend.detect_hw_version.cache_clear()
