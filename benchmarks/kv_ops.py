@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ort_step import CTX, PREFILL, SEQ_LENS, open_variant, step_inputs  # noqa: E402
+from ort_step import CTX, SEQ_LENS, compile_program, open_variant, step_inputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("baseline", "current")
@@ -47,11 +47,10 @@ def _baseline_exporter(rev: str, work_dir: Path):
 
 def prepare(name: str, variant: str, rev: str, work_dir: Path) -> Path:
     """Export ``name`` with the variant's exporter (cached) and compile it; the qpc dir."""
-    from spdflow.api import CompileRequest, ExportRequest, Specialization
-    from spdflow.recipe.schema import DevicesSpec, ModelSpec
+    from spdflow.api import ExportRequest
+    from spdflow.recipe.schema import ModelSpec
     from spdflow.testing.models import make_50m_llama
     from spdflow.zoo import zoo_path
-    from spdflow_ort.backend import OrtBackend
 
     if variant == "current":
         import spdflow_onnx.export as exporter
@@ -72,14 +71,7 @@ def prepare(name: str, variant: str, rev: str, work_dir: Path) -> Path:
         export_dir.mkdir(parents=True)
         result = exporter.export_model(request)
         info, onnx_path = result.model_info, result.onnx_path
-    specs = [Specialization("prefill", 1, PREFILL, CTX, 1)]
-    specs += [Specialization("decode", 1, s, CTX, s, None, s - 1) for s in SEQ_LENS]
-    program = OrtBackend().compile(CompileRequest(
-        onnx_path=onnx_path, export_dir=export_dir, specializations=specs,
-        num_speculative_tokens=[s - 1 for s in SEQ_LENS], devices=DevicesSpec(),
-        model_info=info, role="target", continuous_batching=False,
-    ))
-    return program.qpc_dir
+    return compile_program(onnx_path, export_dir, info)
 
 
 def time_worker(programs: dict[str, Path], iterations: int, warmup: int = 5) -> dict:

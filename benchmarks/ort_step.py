@@ -42,12 +42,11 @@ VARIANTS = (
 
 def prepare(name: str, work_dir: Path) -> Path:
     """Export (cached) and compile the model; returns the program's ``qpc-<hash>`` dir."""
-    from spdflow.api import CompileRequest, ExportRequest, Specialization
-    from spdflow.recipe.schema import DevicesSpec, ModelSpec
+    from spdflow.api import ExportRequest
+    from spdflow.recipe.schema import ModelSpec
     from spdflow.testing.models import make_50m_llama
     from spdflow.zoo import zoo_path
     from spdflow_onnx.export import export_model, load_hf_model, model_info
-    from spdflow_ort.backend import OrtBackend
 
     root = work_dir / name
     if name == "tinycode-target":
@@ -67,6 +66,15 @@ def prepare(name: str, work_dir: Path) -> Path:
         export_dir.mkdir(parents=True, exist_ok=True)
         result = export_model(request)
         info, onnx_path = result.model_info, result.onnx_path
+    return compile_program(onnx_path, export_dir, info)
+
+
+def compile_program(onnx_path: Path, export_dir: Path, info) -> Path:
+    """The onnxruntime program (prefill + one decode shape per SEQ_LENS) of an export; its dir."""
+    from spdflow.api import CompileRequest, Specialization
+    from spdflow.recipe.schema import DevicesSpec
+    from spdflow_ort.backend import OrtBackend
+
     specs = [Specialization("prefill", 1, PREFILL, CTX, 1)]
     specs += [Specialization("decode", 1, s, CTX, s, None, s - 1) for s in SEQ_LENS]
     program = OrtBackend().compile(CompileRequest(

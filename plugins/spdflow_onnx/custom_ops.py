@@ -38,6 +38,18 @@ def _slots(position_ids: torch.Tensor, ctx: int) -> torch.Tensor:
     return torch.where(position_ids < 0, position_ids + ctx, position_ids)
 
 
+def _gather_slots(rows: torch.Tensor, ctx_indices: torch.Tensor, n: int) -> torch.Tensor:
+    """Slots ``ctx_indices`` (broadcast to [b, h, n]) of every row of ``rows`` [b, h, ctx, d]."""
+    b, h, ctx, d = rows.shape
+    index = _slots(ctx_indices, ctx).expand(b, h, n).unsqueeze(-1).expand(b, h, n, d)
+    return torch.gather(rows, 2, index)
+
+
+def _emit(g, op: str, like, *inputs, **attributes):
+    """The custom node ``op`` ("domain::Name"), typed like the value ``like``."""
+    return g.op(op, *inputs, **attributes).setType(like.type())
+
+
 class CtxScatter(torch.autograd.Function):
     """``data`` with ``updates`` written at ``position_ids`` (every row)."""
 
@@ -49,7 +61,7 @@ class CtxScatter(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, data, position_ids, updates):
-        return g.op(f"{CLOUD}::CtxScatter", data, position_ids, updates).setType(data.type())
+        return _emit(g, f"{CLOUD}::CtxScatter", data, data, position_ids, updates)
 
 
 class CtxScatterCB(torch.autograd.Function):
@@ -65,9 +77,7 @@ class CtxScatterCB(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, data, batch_index, position_ids, updates):
-        return g.op(f"{CLOUD}::CtxScatterCB", data, batch_index, position_ids, updates).setType(
-            data.type()
-        )
+        return _emit(g, f"{CLOUD}::CtxScatterCB", data, data, batch_index, position_ids, updates)
 
 
 class CtxGather(torch.autograd.Function):
@@ -75,14 +85,11 @@ class CtxGather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, data, ctx_indices, comp_ctx_len):
-        b, h, _, d = data.shape
-        n = int(comp_ctx_len.reshape(-1)[0])
-        index = _slots(ctx_indices, data.shape[2]).expand(b, h, n).unsqueeze(-1).expand(b, h, n, d)
-        return torch.gather(data, 2, index)
+        return _gather_slots(data, ctx_indices, int(comp_ctx_len.reshape(-1)[0]))
 
     @staticmethod
     def symbolic(g, data, ctx_indices, comp_ctx_len):
-        return g.op(f"{CLOUD}::CtxGather", data, ctx_indices, comp_ctx_len).setType(data.type())
+        return _emit(g, f"{CLOUD}::CtxGather", data, data, ctx_indices, comp_ctx_len)
 
 
 class CtxGatherCB(torch.autograd.Function):
@@ -90,17 +97,11 @@ class CtxGatherCB(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, data, batch_index, ctx_indices, comp_ctx_len):
-        b, h, d = batch_index.shape[0], data.shape[1], data.shape[3]
-        n = ctx_indices.shape[-1]
-        rows = data[batch_index.view(-1)]
-        index = _slots(ctx_indices, data.shape[2]).expand(b, h, n).unsqueeze(-1).expand(b, h, n, d)
-        return torch.gather(rows, 2, index)
+        return _gather_slots(data[batch_index.view(-1)], ctx_indices, ctx_indices.shape[-1])
 
     @staticmethod
     def symbolic(g, data, batch_index, ctx_indices, comp_ctx_len):
-        return g.op(f"{CLOUD}::CtxGatherCB", data, batch_index, ctx_indices, comp_ctx_len).setType(
-            data.type()
-        )
+        return _emit(g, f"{CLOUD}::CtxGatherCB", data, data, batch_index, ctx_indices, comp_ctx_len)
 
 
 class CustomRMSNorm(torch.autograd.Function):
@@ -113,9 +114,7 @@ class CustomRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, hidden_states, weight, epsilon: float):
-        return g.op(f"{AISW}::CustomRMSNorm", hidden_states, weight, epsilon_f=float(epsilon)).setType(
-            hidden_states.type()
-        )
+        return _emit(g, f"{AISW}::CustomRMSNorm", hidden_states, hidden_states, weight, epsilon_f=float(epsilon))
 
 
 def rms_norm(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
