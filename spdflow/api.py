@@ -76,6 +76,11 @@ class ExportRequest:
     continuous_batching: bool
     work_dir: Path  # an empty temp dir; the engine renames it into place when the hook returns
     progress: Callable[[str], None] = lambda message: None
+    #: extra target outputs the run's proposer asked for (``Proposer.target_outputs``); empty
+    #: means the default graph. "head_logits": logits [batch, nlk, heads+1, vocab] from the
+    #: model directory's multi-projection heads (row 0 the LM head); "hidden_states": an output
+    #: [batch, seq_len, hidden] with the final-norm hidden state of every input row.
+    outputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -154,6 +159,9 @@ class Session(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: ``outputs() -> dict[str, np.ndarray]``, the extra outputs of the last run
+    # (e.g. "hidden_states"), valid until the next run. Logits come from ``run``.
+
 
 class Backend:
     """A compile target plus its runtime. Registered by name via spdflow_register_backends."""
@@ -216,6 +224,23 @@ class ProposeInput:
     tokens: np.ndarray
     num_prompt_tokens: int
     k_max: int
+
+
+@dataclass
+class TargetOutputs:
+    """What the target computed for the rows a step committed, for proposers that read it.
+
+    Row ``j`` is the input token at ``positions[j]`` (the anchor and the accepted proposals of
+    a decode step, every prompt token after a prefill); the last row is the one whose LM-head
+    logits produced the token that is now the anchor. ``head_logits`` [rows, heads, vocab]
+    are the multi-projection heads' logits (head i guesses the token i places after the
+    anchor), ``hidden_states`` [rows, hidden] the final-norm hidden states. Each is None
+    unless the proposer asked for it (``Proposer.target_outputs``). Arrays are copies.
+    """
+
+    positions: np.ndarray
+    head_logits: np.ndarray | None = None
+    hidden_states: np.ndarray | None = None
 
 
 @dataclass
@@ -296,6 +321,10 @@ class Proposer:
     #: True when the proposer calls ``ctx.reference_output``: the engine then runs the greedy
     #: no-spec baseline before the run.
     needs_reference_output: bool = False
+    #: Extra target outputs the proposer reads ("head_logits", "hidden_states"); the engine
+    #: exports the target with them and calls ``on_target_outputs``. Read from the registered
+    #: factory before the proposer exists, so register the class (or set it on the factory).
+    target_outputs: tuple[str, ...] = ()
 
     def add_request(self, slot: int, request: Request) -> None:
         pass
@@ -305,6 +334,10 @@ class Proposer:
 
     def on_accepted(self, slot: int, tokens: np.ndarray) -> None:
         pass
+
+    def on_target_outputs(self, slot: int, outputs: TargetOutputs) -> None:
+        """After the prefill and after every decode step (before ``on_accepted``), for
+        proposers with ``target_outputs``: what the target computed for the committed rows."""
 
     def remove_request(self, slot: int) -> None:
         pass

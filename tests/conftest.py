@@ -89,3 +89,24 @@ def sweep_file(local_sweep):
     """write(folder, output, tokens=12) -> a 2x2 sweep file sharing the session sweep's cache
     (its export and programs are built already)."""
     return lambda folder, output, tokens=12: write_sweep(folder, output, tokens, local_sweep["out"] / "cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_speculator_model_dir(spdflow_workdir):
+    """A tiny random Llama with random multi-projection heads and a random EAGLE layer.
+
+    Built from scratch (not from ``tiny_model_dir``) so a test class may override
+    ``tiny_model_dir`` with it, as the conformance suite's model."""
+    from spdflow.testing.models import add_speculators, make_tiny_model
+
+    base = make_tiny_model(spdflow_workdir / "models" / "tiny-llama-spec-base", seed=0)
+    return add_speculators(base, spdflow_workdir / "models" / "tiny-llama-spec")
+
+
+@pytest.fixture(scope="session")
+def tiny_speculator_eos_model_dir(spdflow_workdir, tiny_speculator_model_dir):
+    """``tiny_speculator_model_dir`` where every id = 3 (mod 8) is an EOS token."""
+    from spdflow.testing import fixtures
+
+    return fixtures.make_eos_variant(tiny_speculator_model_dir, spdflow_workdir / "models" / "tiny-llama-eos-spec",
+                                     range(3, 4096, 8))

@@ -30,3 +30,19 @@ class TestDraftModel(ProposerConformance):
     @pytest.fixture
     def proposer_config(self, tiny_draft_model_dir):
         return {"model": str(tiny_draft_model_dir)}
+
+
+class TestMultiProjection(ProposerConformance):
+    proposer = "multi_projection"
+
+    @pytest.fixture
+    def tiny_model_dir(self, tiny_speculator_model_dir):
+        return tiny_speculator_model_dir
+
+    @pytest.fixture
+    def tiny_eos_model_dir(self, tiny_speculator_eos_model_dir):
+        return tiny_speculator_eos_model_dir
+
+
+class TestEagle(TestMultiProjection):
+    proposer = "eagle"

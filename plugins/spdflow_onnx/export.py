@@ -39,10 +39,13 @@ from spdflow_onnx.custom_ops import (
     add_functions,
     rms_norm,
 )
+from spdflow_onnx.speculators import SpeculatorFilesError, load_projections, project_hidden_states
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 OPSET = 17
 ONNX_NAME = "model.onnx"
+#: Extra target outputs a proposer may ask for (ExportRequest.outputs); none by default.
+TARGET_OUTPUTS = ("head_logits", "hidden_states")
 DATA_NAME = "model.onnx.data"
 
 
@@ -53,8 +56,13 @@ class KVCacheLM(nn.Module):
     ``(logits, *retained)`` where ``past``/``retained`` alternate key, value per layer.
     """
 
-    def __init__(self, hf_model: nn.Module, continuous_batching: bool = False):
+    def __init__(self, hf_model: nn.Module, continuous_batching: bool = False,
+                 projections: nn.ModuleList | None = None, hidden_output: bool = False):
         super().__init__()
+        #: multi-projection heads: logits become [b, nlk, heads+1, vocab] (row 0 the LM head)
+        self.projections = projections
+        #: also return ``hidden_states`` [b, seq_len, hidden]: the final-norm output of every row
+        self.hidden_output = hidden_output
         config = hf_model.config
         inner = hf_model.model
         self.embed_tokens = inner.embed_tokens
@@ -173,9 +181,12 @@ class KVCacheLM(nn.Module):
             hidden = hidden + layer.mlp(rms_norm(layer.post_attention_layernorm, hidden))
             retained += [key_cache, value_cache]
 
-        hidden = self._keep_rows(rms_norm(self.norm, hidden), position_ids, num_logits_to_keep)
+        final = rms_norm(self.norm, hidden)
+        hidden = self._keep_rows(final, position_ids, num_logits_to_keep)
+        if self.projections is not None:
+            hidden = project_hidden_states(hidden, self.projections)
         logits = self.lm_head(hidden).float()
-        return (logits, *retained)
+        return (logits, *retained, final) if self.hidden_output else (logits, *retained)
 
 
 # ------------------------------------------------------------------------------- names
@@ -192,15 +203,15 @@ def input_names(num_layers: int, continuous_batching: bool) -> list[str]:
     return names
 
 
-def output_names(num_layers: int) -> list[str]:
-    """The graph outputs of DESIGN §4, in order."""
+def output_names(num_layers: int, hidden_output: bool = False) -> list[str]:
+    """The graph outputs of DESIGN §4, in order; ``hidden_states`` last when asked for."""
     names = ["logits"]
     for i in range(num_layers):
         names += [f"past_key.{i}_RetainedState", f"past_value.{i}_RetainedState"]
-    return names
+    return names + ["hidden_states"] if hidden_output else names
 
 
-def dynamic_axes(num_layers: int, continuous_batching: bool) -> dict[str, dict[int, str]]:
+def dynamic_axes(num_layers: int, continuous_batching: bool, hidden_output: bool = False) -> dict[str, dict[int, str]]:
     """Axis symbols per IO; exactly the names specializations.json binds."""
     kv_rows = "full_batch_size" if continuous_batching else "batch_size"
     axes: dict[str, dict[int, str]] = {
@@ -211,6 +222,8 @@ def dynamic_axes(num_layers: int, continuous_batching: bool) -> dict[str, dict[i
     }
     if continuous_batching:
         axes["batch_index"] = {0: "batch_size"}
+    if hidden_output:
+        axes["hidden_states"] = {0: "batch_size", 1: "seq_len"}
     for i in range(num_layers):
         for kind in ("key", "value"):
             axes[f"past_{kind}.{i}"] = {0: kv_rows, 2: "ctx_len"}
@@ -325,7 +338,13 @@ def export_model(request: ExportRequest) -> ExportResult:
 
     request.progress(f"loading {request.model_dir}")
     model = load_hf_model(Path(request.model_dir), request.model.dtype)
-    wrapper = KVCacheLM(model, request.continuous_batching).eval()
+    outputs = set(request.outputs)
+    unknown = outputs - set(TARGET_OUTPUTS)
+    if unknown:
+        raise StageError(f"export: unknown extra output(s) {sorted(unknown)}; known: {', '.join(TARGET_OUTPUTS)}")
+    projections = _projections(model, request.model_dir) if "head_logits" in outputs else None
+    hidden_output = "hidden_states" in outputs
+    wrapper = KVCacheLM(model, request.continuous_batching, projections, hidden_output).eval()
     n_layers = wrapper.num_layers
     dtype = next(model.parameters()).dtype
     work = Path(request.work_dir)
@@ -342,8 +361,8 @@ def export_model(request: ExportRequest) -> ExportResult:
             _example_inputs(wrapper, dtype, request.continuous_batching),
             str(raw),
             input_names=input_names(n_layers, request.continuous_batching),
-            output_names=output_names(n_layers),
-            dynamic_axes=dynamic_axes(n_layers, request.continuous_batching),
+            output_names=output_names(n_layers, hidden_output),
+            dynamic_axes=dynamic_axes(n_layers, request.continuous_batching, hidden_output),
             opset_version=OPSET,
             do_constant_folding=True,
             custom_opsets=CUSTOM_OPSETS,
@@ -374,6 +393,16 @@ def export_model(request: ExportRequest) -> ExportResult:
         model_info=info,
         files=[onnx_path, work / DATA_NAME, work / "model_info.json"],
     )
+
+
+def _projections(model, model_dir: Path) -> nn.ModuleList:
+    """The multi-projection heads of ``model_dir`` in the model's dtype (StageError if absent)."""
+    try:
+        heads = load_projections(Path(model_dir), model.config.hidden_size)
+    except SpeculatorFilesError as exc:
+        raise StageError(f"export: {exc}; the proposer asked for multi-projection logits",
+                         hint="train heads with tools/train_heads.py or pick another proposer") from exc
+    return heads.to(next(model.parameters()).dtype)
 
 
 def _info_json(info: ModelInfo) -> dict:

@@ -172,6 +172,9 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
         "graphs": graphs,
         "inputs": [value.name for value in model.graph.input],
         "outputs": [value.name for value in model.graph.output],
+        # Shapes of the outputs the session allocates (symbols as names), e.g. 4-D logits.
+        "output_shapes": {value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+                          for value in model.graph.output if not value.name.endswith("RetainedState")},
         "kv_dtype": _kv_dtype(model.graph),
         "continuous_batching": request.continuous_batching,
     }

@@ -35,6 +35,7 @@ class _Shape:
     binding: Any
     logits: np.ndarray
     nlk_input: np.ndarray
+    extra: dict[str, np.ndarray]  # other non-KV outputs (e.g. hidden_states), reused buffers
 
 
 _SHARED_POOL_MADE = False  # True once this process made ORT's global pool
@@ -199,17 +200,28 @@ class OrtSession:
                 return (self.kv_batch_size, dims[1].dim_value, self.ctx_len, dims[3].dim_value)
         raise StageError(f"onnxruntime: {name} is not an input of {self.program_dir}; compile again")
 
+    def _output_shape(self, name: str, spec: Specialization) -> tuple[int, ...]:
+        """The shape of a non-KV output under ``spec`` (logits default to [b, nlk, vocab])."""
+        dims = self.manifest.get("output_shapes", {}).get(name)
+        if dims is None:
+            return (spec.batch_size, spec.num_logits_to_keep, self.vocab_size)
+        symbols = spec.symbols()
+        return tuple(symbols[d] if isinstance(d, str) else int(d) for d in dims)
+
     def _bind(self, spec: Specialization, session) -> _Shape:
-        """An IO binding with the KV cache in place and a logits buffer of this shape."""
+        """An IO binding with the KV cache in place and output buffers of this shape."""
         binding = session.io_binding()
-        logits = np.zeros((spec.batch_size, spec.num_logits_to_keep, self.vocab_size), dtype=np.float32)
+        logits = np.zeros(self._output_shape("logits", spec), dtype=np.float32)
+        extra = {name: np.zeros(self._output_shape(name, spec), dtype=np.float32)
+                 for name in self.manifest.get("output_shapes", {}) if name != "logits"}
         if self.in_place:
             for name in self.kv_inputs:
                 binding.bind_ortvalue_input(name, self.kv_values[name])
                 binding.bind_ortvalue_output(f"{name}_RetainedState", self.kv_values[name])
-            binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+            for name, buffer in [("logits", logits), *extra.items()]:
+                binding.bind_output(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
         nlk_input = np.zeros((spec.num_logits_to_keep, 1), dtype=np.int64)
-        return _Shape(spec, session, binding, logits, nlk_input)
+        return _Shape(spec, session, binding, logits, nlk_input, extra)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -265,7 +277,13 @@ class OrtSession:
         # The bound arrays must outlive the run; keep them referenced until the next one.
         self._last_inputs = (ids, positions, index)
         shape.session.run_with_iobinding(binding)
+        self._last_shape = shape
         return shape.logits
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The extra outputs of the last run (e.g. ``hidden_states``); reused buffers."""
+        shape = getattr(self, "_last_shape", None)
+        return dict(shape.extra) if shape is not None else {}
 
     def _run_copying(self, shape: _Shape, ids, positions, index) -> np.ndarray:
         """Plain run(): KV in, retained state out, copied back into the cache arrays."""
@@ -273,10 +291,14 @@ class OrtSession:
         feeds.update(self.kv)
         if index is not None:
             feeds["batch_index"] = index
-        outputs = shape.session.run(None, feeds)
-        for name, value in zip(self.kv_inputs, outputs[1:]):
-            self.kv[name] = value  # take the new arrays; the next run feeds them back
-        shape.logits[...] = outputs[0]
+        names = [o.name for o in shape.session.get_outputs()]
+        outputs = dict(zip(names, shape.session.run(None, feeds)))
+        for name in self.kv_inputs:
+            self.kv[name] = outputs[f"{name}_RetainedState"]  # the next run feeds them back
+        shape.logits[...] = outputs["logits"]
+        for name, buffer in shape.extra.items():
+            buffer[...] = outputs[name]
+        self._last_shape = shape
         return shape.logits
 
     # -- state -------------------------------------------------------------------------------

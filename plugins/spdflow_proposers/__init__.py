@@ -1,4 +1,4 @@
-"""Built-in proposers: prompt_lookup, suffix, synthetic, draft_model.
+"""Built-in proposers: prompt_lookup, suffix, synthetic, draft_model, multi_projection, eagle.
 
 Each registers with its own pydantic config model (the recipe's ``proposer.with:`` block), the
 same way a third-party proposer plugin would. Importing this package stays light (numpy and
@@ -9,6 +9,8 @@ from __future__ import annotations
 from spdflow.hookspecs import hookimpl
 
 from .draft_model import DraftModelConfig, DraftModelProposer, make_draft_model
+from .eagle import EagleConfig, EagleProposer
+from .multi_projection import MultiProjectionConfig, MultiProjectionProposer
 from .prompt_lookup import PromptLookupConfig, PromptLookupProposer, find_continuation, make_prompt_lookup
 from .suffix import SuffixConfig, SuffixProposer, SuffixTrie
 from .synthetic import SyntheticConfig, SyntheticProposer, make_synthetic
@@ -16,6 +18,10 @@ from .synthetic import SyntheticConfig, SyntheticProposer, make_synthetic
 __all__ = [
     "DraftModelConfig",
     "DraftModelProposer",
+    "EagleConfig",
+    "EagleProposer",
+    "MultiProjectionConfig",
+    "MultiProjectionProposer",
     "PromptLookupConfig",
     "PromptLookupProposer",
     "SuffixConfig",
@@ -59,4 +65,18 @@ def spdflow_register_proposers(register):
         make_draft_model,
         config=DraftModelConfig,
         description="A small draft LM with the target's tokenizer, compiled with the same stages.",
+    )
+    register(
+        "multi_projection",
+        MultiProjectionProposer,
+        config=MultiProjectionConfig,
+        description="QEfficient 'Turbo' / Medusa heads on the target's last hidden state, run inside "
+        "the verify pass (logits [batch, nlk, heads+1, vocab]).",
+    )
+    register(
+        "eagle",
+        EagleProposer,
+        config=EagleConfig,
+        description="EAGLE-1-style draft layer on the target's hidden states (own ONNX program and KV cache), "
+        "drafting autoregressively.",
     )

@@ -123,6 +123,9 @@ class QaicSession:
         self._output_names = [
             b.name for b in self._bindings if b.dir == aicapi.BUFFER_IO_TYPE_OUTPUT
         ]
+        # [vocab], or [heads+1, vocab] for a multi-projection target's 4-D logits
+        dims = list(self._bindings[self._index["logits"]].dims) if "logits" in self._index else []
+        self._logits_tail = tuple(dims[2:]) if len(dims) == 4 else (self.vocab_size,)
         # One device: its id; a group: None, and the group goes into devMapping.
         device = device_ids[0] if device_ids and len(device_ids) == 1 else None
         self._program = rt.Program(self._context, device, qpc, self._properties(device_ids))
@@ -171,7 +174,7 @@ class QaicSession:
             "position_ids": np.asarray(position_ids, dtype=np.int64),
             # Only its first dimension matters: it selects how many logits rows are kept.
             "num_logits_to_keep": np.zeros((num_logits_to_keep, 1), dtype=np.int64),
-            "logits": np.zeros((batch, num_logits_to_keep, self.vocab_size), self._output_dtype("logits")),
+            "logits": np.zeros((batch, num_logits_to_keep, *self._logits_tail), self._output_dtype("logits")),
         }
         if batch_index is not None:
             arrays["batch_index"] = np.asarray(batch_index, dtype=np.int64)
@@ -185,7 +188,7 @@ class QaicSession:
         self._check(status, "read the outputs")
         index = self._index["logits"]
         logits = np.frombuffer(bytes(outputs[index]), self._output_dtype("logits"))
-        return logits.reshape(batch, num_logits_to_keep, self.vocab_size).astype(np.float32, copy=False)
+        return logits.reshape(batch, num_logits_to_keep, *self._logits_tail).astype(np.float32, copy=False)
 
     def _no_shape_message(self, arrays: dict[str, np.ndarray]) -> str:
         passed = ", ".join(f"{name} {list(a.shape)}" for name, a in arrays.items())

@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spdflow.api import AcceptRow, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext, StepOutcome
+from spdflow.api import (AcceptRow, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext, StepOutcome,
+                         TargetOutputs)
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
@@ -84,6 +85,17 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
                 times[k].append(clock() - start)
     cached[key] = {k: float(np.median(v)) for k, v in times.items()}
     return dict(cached[key])
+
+
+def split_logits(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(verify logits [b, n, vocab], head logits [b, n, heads, vocab] or None).
+
+    A multi-projection target returns [b, n, heads+1, vocab]; row 0 is its own LM head, the
+    only row verification and acceptance ever read.
+    """
+    if logits.ndim == 4:
+        return logits[:, :, 0], logits[:, :, 1:]
+    return logits, None
 
 
 @dataclass
@@ -152,6 +164,8 @@ class Generator:
         self._policy_runs = proposer is not None and policy is not None
         #: score every proposal against the tokens the target goes on to emit (StepOutcome.scored)
         self._scoring = self._policy_runs and bool(getattr(policy, "wants_scores", False))
+        #: extra target outputs the proposer reads (head logits, hidden states)
+        self._wants = tuple(getattr(proposer, "target_outputs", ()) or ()) if proposer is not None else ()
         self.acceptor = acceptor
         self.trace = trace or (lambda record: None)
         self.on_tokens = on_tokens or (lambda n: None)
@@ -229,6 +243,8 @@ class Generator:
         started = self.clock()
         chunks = -(-max(l.length for l in lives) // P)
         last_logits: dict[int, np.ndarray] = {}
+        last_heads: dict[int, np.ndarray] = {}
+        hidden_rows: dict[int, list[np.ndarray]] = {row: [] for row in range(len(lives))}
         ids = np.full((batch, P), cfg.pad_token_id, dtype=np.int64)
         pos = np.full((batch, P), -1, dtype=np.int64)
         for c in range(chunks):
@@ -246,8 +262,18 @@ class Generator:
             batch_index = np.array([[lives[0].slot]], dtype=np.int64) if self.cb else None
             logits = self.pm.hook.spdflow_verify(session=self.session, input_ids=ids, position_ids=pos,
                                                  num_logits_to_keep=1, batch_index=batch_index)
+            logits, heads = split_logits(logits)
             for row, r in ends.items():
                 last_logits[row] = np.array(logits[r, 0])
+                if heads is not None:
+                    last_heads[row] = np.array(heads[r, :1])
+            if "hidden_states" in self._wants:
+                hidden = self._hidden_states()
+                for row, live in enumerate(lives):
+                    r = 0 if self.cb else live.slot
+                    lo, hi = c * P, min((c + 1) * P, live.length)
+                    if lo < hi:
+                        hidden_rows[row].append(np.array(hidden[r, : hi - lo]))
         accepted = self._accept_first(lives, last_logits)
         now = self.clock() - self.t0
         for row, live in enumerate(lives):
@@ -255,6 +281,10 @@ class Generator:
             slots[live.slot] = live
             if self.proposer is not None:
                 self._call_proposer("add_request", live.slot, live.request)
+            if self._wants:
+                self._call_proposer("on_target_outputs", live.slot, TargetOutputs(
+                    np.arange(live.length, dtype=np.int64) if hidden_rows[row] else np.array([live.length - 1]),
+                    last_heads.get(row), np.concatenate(hidden_rows[row]) if hidden_rows[row] else None))
             self.trace({"kind": "prefill", "t": now, "request": live.request.index, "slot": live.slot,
                         "chunks": chunks, "duration_s": self.clock() - started})
             self._append(live, accepted[row], slots, results)
@@ -301,6 +331,7 @@ class Generator:
         logits = self.pm.hook.spdflow_verify(session=self.session, input_ids=ids, position_ids=pos,
                                              num_logits_to_keep=k + 1, batch_index=self._batch_index)
         verify_s = self.clock() - verify_start
+        logits, heads = split_logits(logits)
         if len(active) == self.rows and all(live.slot == i for i, live in enumerate(active)):
             row_logits = logits
         else:
@@ -310,7 +341,10 @@ class Generator:
         n_accepted = tuple(len(tokens) - 1 for tokens in accepted)
         trace_rows = []
         scored: list[tuple[int, int]] = []
+        hidden = self._hidden_states() if "hidden_states" in self._wants else None
         for live, tokens, raw, n_prop, n_acc, position in zip(active, accepted, counts, proposed, n_accepted, positions):
+            if self._wants:
+                self._tell_outputs(live, len(tokens), heads, hidden)
             emitted = self._append(live, tokens, slots, results)
             if live.shadows:
                 self._score(live, slots[live.slot] is not live, scored)
@@ -324,6 +358,22 @@ class Generator:
                                                      tuple(scored)))
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
                     "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
+
+    def _tell_outputs(self, live: _Live, rows: int, heads, hidden) -> None:
+        """Hand the proposer the target's extra outputs for the ``rows`` committed rows."""
+        anchor_pos = live.length - 1
+        self._call_proposer("on_target_outputs", live.slot, TargetOutputs(
+            np.arange(anchor_pos, anchor_pos + rows, dtype=np.int64),
+            None if heads is None else np.array(heads[live.slot, :rows]),
+            None if hidden is None else np.array(hidden[live.slot, :rows])))
+
+    def _hidden_states(self) -> np.ndarray:
+        outputs = getattr(self.session, "outputs", None)
+        hidden = outputs().get("hidden_states") if callable(outputs) else None
+        if hidden is None:
+            raise StageError(f"{self._who()} reads the target's hidden states, but the target session has no "
+                             "'hidden_states' output", hint="rebuild the target: spdflow run --from export")
+        return hidden
 
     @staticmethod
     def _score(live: _Live, finished: bool, out: list) -> None:

@@ -161,10 +161,12 @@ def stage_namer(role: str) -> Callable[[str], str]:
     return (lambda base: base) if role == "target" else (lambda base: f"{base}:{role}")
 
 
-def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool) -> str:
+def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool, outputs: tuple[str, ...] = ()) -> str:
     impls = sorted(f"{pm.get_name(i.plugin)}" for i in pm.hook.spdflow_export.get_hookimpls())
     inputs = cache.dir_digest(model_dir, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
     config = {"dtype": model.dtype, "role": role, "continuous_batching": cb}
+    if outputs:  # only then: the default graph keeps its key
+        config["outputs"] = sorted(outputs)
     return cache.stage_key("spdflow_export:" + ",".join(impls), __version__, config, inputs)
 
 
@@ -215,23 +217,31 @@ class Engine:
 
     # -- export ---------------------------------------------------------------------------
 
-    def export(self, model: ModelSpec, role: str) -> tuple[Path, ModelInfo, str, bool, str]:
+    def target_outputs(self) -> tuple[str, ...]:
+        """The extra target outputs the recipe's proposer reads (``Proposer.target_outputs``)."""
+        if self.recipe.proposer is None:
+            return ()
+        factory = self.pm.lookup("proposer", self.recipe.proposer.uses).factory
+        return tuple(sorted(getattr(factory, "target_outputs", ()) or ()))
+
+    def export(self, model: ModelSpec, role: str, outputs: tuple[str, ...] = ()) -> tuple[Path, ModelInfo, str, bool, str]:
         """Export one model (cached); returns (onnx path, model info, key, cached, reason)."""
         from spdflow.models import resolve_model_dir
 
         cb = self.recipe.specialization.full_batch_size is not None
         model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision,
                                       key="model.id" if role == "target" else "proposer.with.model")
-        key = export_key(self.pm, model, model_dir, role, cb)
+        key = export_key(self.pm, model, model_dir, role, cb, outputs)
         target = self.export_root() / f"{role}-{key[:16]}"
         with cache.build_lock(target):  # runs sharing a cache dir export each model once
-            return self._export_locked(model, model_dir, role, cb, key, target)
+            return self._export_locked(model, model_dir, role, cb, key, target, outputs)
 
     def export_root(self) -> Path:
         """The folder of exported models: the shared cache dir's, else the run dir's."""
         return Path(self.options.cache_dir or self.run_dir) / "export"
 
-    def _export_locked(self, model: ModelSpec, model_dir: Path, role: str, cb: bool, key: str, target: Path):
+    def _export_locked(self, model: ModelSpec, model_dir: Path, role: str, cb: bool, key: str, target: Path,
+                       outputs: tuple[str, ...] = ()):
         if not should_force("export", self.options):
             marker, why = cache.read_done(target)
             if marker is not None:
@@ -242,7 +252,7 @@ class Engine:
         work = Path(tempfile_dir(target))
         try:
             request = ExportRequest(model=model, model_dir=model_dir, role=role, continuous_batching=cb,
-                                    work_dir=work, progress=self.ui.message)
+                                    work_dir=work, progress=self.ui.message, outputs=outputs)
             result = self.pm.hook.spdflow_export(request=request)
             if result is None:
                 raise PluginError("no plugin implements spdflow_export", hint="reinstall spdflow (the 'onnx' plugin)")
@@ -280,7 +290,8 @@ class Engine:
         name = stage_namer(role)
         stage, start = self._begin(name("export"))
         try:
-            onnx, info, key, cached, reason = self.export(model, role)
+            outputs = self.target_outputs() if role == "target" else ()
+            onnx, info, key, cached, reason = self.export(model, role, outputs)
         except BaseException:
             self._end(stage, start, "failed", "export failed")
             raise
@@ -329,7 +340,8 @@ class Engine:
         cb = self.recipe.specialization.full_batch_size is not None
         try:
             model_dir = resolve_model_dir(plan.model.id, self.loaded.base_dir, plan.model.revision)
-            key = export_key(self.pm, plan.model, model_dir, plan.role, cb)
+            outputs = self.target_outputs() if plan.role == "target" else ()
+            key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs)
         except SpdflowError:
             return lines + ["  compile: known once the model is on this machine (see preflight)"]
         export_dir = self.export_root() / f"{plan.role}-{key[:16]}"

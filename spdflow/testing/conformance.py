@@ -184,6 +184,7 @@ class ConformancePlugin:
             inner = self.registration.factory(config, ctx)
             return ContractChecker(inner, ctx.target.vocab_size, ctx.target.eos_token_ids, self.recording)
 
+        factory.target_outputs = getattr(self.registration.factory, "target_outputs", ())
         register(CHECKED, factory, config=self.registration.config, description="the proposer under test, checked")
 
     @hookimpl

@@ -5,6 +5,7 @@ Imports torch and transformers lazily so importing ``spdflow.testing`` stays che
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -112,3 +113,32 @@ def make_50m_llama(path, seed: int = 0) -> Path:
         max_position_embeddings=2048,
     )
     return _save_random_model(Path(path), config, seed)
+
+
+def add_speculators(model_dir, path, heads: int = 3, seed: int = 0) -> Path:
+    """A copy of ``model_dir`` at ``path`` with random multi-projection heads and a random EAGLE
+    layer (the files ``tools/train_heads.py`` writes), for tests of those proposers.
+
+    The heads' blocks get non-zero weights, so each head's logits differ from the LM head's.
+    Returns ``path``.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from spdflow_onnx import speculators as spec
+    from transformers import AutoConfig
+
+    path = Path(path)
+    shutil.copytree(model_dir, path, dirs_exist_ok=True)
+    config = AutoConfig.from_pretrained(path)
+    torch.manual_seed(seed)
+    projections = spec.build_projections(config.hidden_size, heads, 1)
+    with torch.no_grad():
+        for param in projections.parameters():
+            param.normal_(0.0, 0.5)
+    save_file(spec.projection_state(projections), str(path / spec.SPECULATOR_WEIGHTS))
+    (path / spec.SPECULATOR_CONFIG).write_text(
+        json.dumps({"model_type": "turbo", "turbo_num_heads": heads, "turbo_num_layers": 1}) + "\n")
+    draft = spec.EagleDraft(spec.eagle_layer_config(config))
+    save_file(draft.state(), str(path / spec.EAGLE_WEIGHTS))
+    (path / spec.EAGLE_CONFIG).write_text(json.dumps(spec.eagle_config_json(draft.config)) + "\n")
+    return path
