@@ -18,6 +18,8 @@ ENDS=1,8  # secondary workloads: the two ends of the batch range
 bench code_prompt_lookup recipes/tinycode_varK.yaml --batch-sizes $ALL --peers hf --repeats 5
 bench code_suffix        recipes/tinycode_suffix.yaml --batch-sizes $ENDS
 bench code_draft         recipes/tinycode_draft.yaml --batch-sizes $ENDS --peers hf
+bench code_multiproj     recipes/tinycode_multiproj.yaml --batch-sizes $ENDS
+bench code_eagle         recipes/tinycode_eagle.yaml --batch-sizes $ENDS
 bench code_synthetic_0.6 recipes/tinycode_varK.yaml --batch-sizes $ENDS \
   --set 'proposer={uses: synthetic, with: {acceptance_rate: 0.6}}'
 # proposals are rare: synthetic that never proposes; prompt lookup on the rare workload at T=1
