@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from spdflow_onnx.custom_ops import CUSTOM_OPSETS, add_functions, rms_norm
 from spdflow_onnx.export import OPSET, KVCacheLM, load_hf_model
 from spdflow_onnx.speculators import EagleDraft, load_eagle
 
@@ -43,13 +44,14 @@ class EagleKV(KVCacheLM):
         hidden = self.fc(torch.cat([self.embed_tokens(input_ids), hidden_states], dim=-1))
         cos, sin = self._rope(position_ids, hidden.dtype)
         b, s = position_ids.shape
-        slots = torch.arange(past_key.shape[2], dtype=torch.int64).view(1, 1, 1, 1, -1)
-        mask = slots <= position_ids.view(b, 1, 1, s, 1)
-        layer = self.layers[0]  # its input norm is the identity (EAGLE-1's first layer)
-        attn_out, key_cache, value_cache = self._attend(layer, layer.input_layernorm(hidden), cos, sin,
-                                                        past_key, past_value, mask, position_ids, None)
+        comp_ctx_len = torch._shape_as_tensor(past_key)[2:3]
+        ctx_indices = torch.arange(past_key.shape[2], dtype=torch.int64).view(1, 1, -1)
+        mask = ctx_indices.view(1, 1, 1, 1, -1) <= position_ids.view(b, 1, 1, s, 1)
+        layer = self.layers[0]  # no input norm (EAGLE-1's first layer)
+        attn_out, key_cache, value_cache = self._attend(layer, hidden, cos, sin, past_key, past_value, mask,
+                                                        position_ids, None, ctx_indices, comp_ctx_len)
         hidden = hidden + attn_out
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden + layer.mlp(rms_norm(layer.post_attention_layernorm, hidden))
         kept = self._keep_rows(hidden, position_ids, num_logits_to_keep)
         return self.lm_head(kept).float(), kept, key_cache, value_cache
 
@@ -78,6 +80,12 @@ def export_eagle(model_dir: Path, onnx_path: Path) -> dict:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(wrapper, example, str(onnx_path), input_names=INPUTS, output_names=OUTPUTS,
-                          dynamic_axes=axes, opset_version=OPSET, do_constant_folding=True, dynamo=False)
+                          dynamic_axes=axes, opset_version=OPSET, do_constant_folding=True,
+                          custom_opsets=CUSTOM_OPSETS, dynamo=False)
+    import onnx
+
+    proto = onnx.load(str(onnx_path))
+    add_functions(proto)  # the custom ops as ONNX functions, so ONNX Runtime runs them
+    onnx.save_model(proto, str(onnx_path))
     return {"hidden_size": d, "num_kv_heads": wrapper.num_kv_heads, "head_dim": wrapper.head_dim,
             "vocab_size": int(target.config.vocab_size)}
