@@ -111,6 +111,10 @@ class CompileRequest:
     compile_only: bool = False
     force: bool = False
     progress: Callable[[str], None] = lambda message: None
+    #: hash every file of a cached program in full before reusing it (``spdflow run --verify``)
+    verify: bool = False
+    #: a warning for the user, e.g. that a cached program is damaged and rebuilt
+    warn: Callable[[str], None] = lambda message: None
     #: the model's weight dtype (recipe ``model.dtype``): float32 | float16 | bfloat16. QAIC
     #: derives the KV cache precision and -convert-to-fp16 from it.
     dtype: str = "float32"

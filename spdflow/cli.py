@@ -107,12 +107,14 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 @click.option("--dry-run", is_flag=True, help="Print the plan (stages, specializations, compile command); run nothing.")
 @click.option("--compile-only", is_flag=True, help="Export and write the compiled program's files (and compile.sh); do not generate.")
 @click.option("--check-lossless", is_flag=True, help="Also run the no-spec baseline and record whether every request's tokens are identical.")
+@click.option("--verify", is_flag=True, help="Hash every cached file in full before reusing it (otherwise only files whose size or time changed are hashed).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write report.json here.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep exports and compiled programs here instead of the run dir; runs naming one dir share them.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the summary table.")
-def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossless, report_path, cache_dir, quiet, as_json):
+def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossless, verify, report_path, cache_dir, quiet,
+        as_json):
     """Run RECIPE: export, specialize, compile, generate, and write the run report."""
     from spdflow.engine.run import RunOptions
     from spdflow.recipe.loader import load_recipe
@@ -121,7 +123,7 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
     pm = _pm()
     loaded = load_recipe(recipe, pm, list(overrides))
     options = RunOptions(force=force, from_stage=from_stage, dry_run=dry_run, compile_only=compile_only,
-                         check_lossless=check_lossless, report_path=report_path, cache_dir=cache_dir)
+                         check_lossless=check_lossless, verify=verify, report_path=report_path, cache_dir=cache_dir)
     if dry_run:
         text, blockers = dry_run_plan(pm, loaded, options)
         click.echo(text)

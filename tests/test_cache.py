@@ -50,3 +50,49 @@ def test_atomic_write_leaves_no_temp_on_failure(tmp_path, monkeypatch):
         cache.write_text_atomic(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_done_marker_hashes_only_files_whose_size_or_mtime_changed(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "w.bin").write_bytes(b"weights")
+    cache.write_done(out)
+    hashed = []
+    real = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda path: hashed.append(path.name) or real(path))
+    assert cache.read_done(out)[0] is not None and hashed == []  # fast path: stat only
+    assert cache.read_done(out, verify=True)[0] is not None and hashed == ["w.bin"]  # --verify hashes
+
+
+def test_done_marker_catches_damage_that_kept_the_size_and_refreshes_a_mere_touch(tmp_path):
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    weights = out / "w.bin"
+    weights.write_bytes(b"\1" * 4096)
+    cache.write_done(out)
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, same bytes
+    assert cache.read_done(out)[0] is not None
+    assert cache.read_done(out)[0]["files"]["w.bin"]["mtime_ns"] == stat.st_mtime_ns + 10**9
+    weights.write_bytes(b"\0" * 1024 + b"\1" * 3072)  # damaged in place, same size
+    marker, why = cache.read_done(out)
+    assert marker is None and "'w.bin' does not match its recorded hash" in why
+    stat = weights.stat()
+    cache.write_done(out)
+    weights.write_bytes(b"\1" * 4096)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # damage that hides its mtime
+    assert cache.read_done(out)[0] is not None  # only --verify can see it
+    assert "does not match" in cache.read_done(out, verify=True)[1]
+
+
+def test_a_marker_of_an_older_format_is_not_trusted(tmp_path):
+    import json
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.onnx").write_bytes(b"graph")
+    (out / cache.DONE_MARKER).write_text(json.dumps({"files": {"model.onnx": cache.sha256_file(out / "model.onnx")}}))
+    marker, why = cache.read_done(out)
+    assert marker is None and "older spdflow" in why

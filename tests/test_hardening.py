@@ -237,6 +237,69 @@ def test_disk_full_while_exporting_leaves_nothing_half_written(home, monkeypatch
     no_temp_left(home / "out")
 
 
+# ------------------------------------------------------------------------------- damaged caches
+
+
+def flat(text: str) -> str:
+    """Console text without the line wrapping of the terminal width."""
+    return " ".join(text.split())
+
+
+def _outputs(home: Path) -> list[list[int]]:
+    return [json.loads(line)["tokens"] for line in (home / "out" / "outputs.jsonl").read_text().splitlines()]
+
+
+def _program_file(home: Path, pattern: str) -> Path:
+    return next((home / "out" / "export").glob(f"target-*/qpc-*/qpc/{pattern}"))
+
+
+def _reference_outputs(tiny_home: Path) -> list[list[int]]:
+    return [json.loads(line)["tokens"] for line in (tiny_home / "out" / "outputs.jsonl").read_text().splitlines()]
+
+
+def test_a_program_with_damaged_weights_is_rebuilt_not_used(home, tiny_home):
+    weights = _program_file(home, "model.onnx.data")
+    data = bytearray(weights.read_bytes())
+    data[: 1 << 20] = bytes(min(1 << 20, len(data)))  # 1 MiB zeroed, written as a new file
+    weights.unlink()
+    weights.write_bytes(bytes(data))
+    result = run(home, recipe_text(), "--check-lossless")
+    assert result.exit_code == 0, result.output
+    assert "warning: program qpc-" in result.stderr
+    assert "'qpc/model.onnx.data' does not match its recorded hash" in flat(result.stderr)
+    stages = {s["name"]: s for s in report(home)["stages"]}
+    assert stages["compile"]["status"] == "ran" and "not trusted" in stages["compile"]["reason"]
+    assert _outputs(home) == _reference_outputs(tiny_home)
+
+
+def test_a_damaged_graph_that_hides_its_mtime_is_rebuilt_when_it_fails_to_load(home, tiny_home):
+    graph = _program_file(home, "decode_k2_*.onnx")
+    stat = graph.stat()
+    data = bytearray(graph.read_bytes())
+    data[100:400] = bytes(300)
+    graph.write_bytes(bytes(data))
+    os.utime(graph, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    result = run(home, recipe_text())
+    assert result.exit_code == 0, result.output
+    assert "failed to load and is damaged ('qpc/decode_k2_" in flat(result.stderr)
+    assert _outputs(home) == _reference_outputs(tiny_home)
+    assert run(home, recipe_text()).exit_code == 0  # and it stays fixed
+
+
+def test_verify_hashes_every_cached_file(home, tiny_home):
+    weights = _program_file(home, "model.onnx.data")
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-4096:] = bytes(4096)
+    with open(weights, "r+b") as handle:
+        handle.write(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    result = run(home, recipe_text(), "--verify")
+    assert result.exit_code == 0, result.output
+    assert "'qpc/model.onnx.data' does not match its recorded hash" in flat(result.stderr)
+    assert _outputs(home) == _reference_outputs(tiny_home)
+
+
 def test_draft_with_another_tokenizer_is_refused(tmp_path):
     from spdflow.zoo import zoo_path
     from spdflow_proposers.draft_model import check_draft_compatible

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
+from spdflow.engine import cache
 from spdflow.engine.cache import build_lock, sha256_file
 from spdflow.errors import StageError
 from spdflow_ort.config import OrtConfig
@@ -88,16 +89,35 @@ def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, 
     }
 
 
-def program_is_complete(qpc_dir: Path) -> bool:
-    """True when qpc/manifest.json exists, parses, and every file it names is present."""
+def program_is_complete(qpc_dir: Path, *, verify: bool = False) -> bool:
+    """True when the program is finished and intact (see :func:`program_problem`)."""
+    return program_problem(qpc_dir, verify=verify) is None
+
+
+def program_problem(qpc_dir: Path, *, verify: bool = False) -> str | None:
+    """Why ``qpc_dir`` cannot be trusted, or None when it can.
+
+    It must hold a done marker whose recorded files (graphs, weights, manifest) still match
+    (size and mtime, or the full sha256 when those changed or ``verify``), and a manifest of
+    this program format naming only files that exist.
+    """
+    marker, why = cache.read_done(qpc_dir, verify=verify)
+    if marker is None:
+        return why
     manifest_path = qpc_dir / "qpc" / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         files = [manifest["weights"], manifest["dynamic"]["file"]]
         files += [graph["file"] for graph in manifest["graphs"]]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return manifest.get("format") == PROGRAM_FORMAT and all((qpc_dir / "qpc" / f).is_file() for f in files)
+        return f"no valid qpc/{MANIFEST}"
+    if manifest.get("format") != PROGRAM_FORMAT:
+        return "it was built by another program format"
+    recorded = marker["files"]
+    for name in files:
+        if f"qpc/{name}" not in recorded:
+            return f"'qpc/{name}' is not in its done marker"
+    return None
 
 
 def _fix_dims(model, symbols: dict[str, int]) -> None:
@@ -123,7 +143,7 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
     import onnx
     import onnxruntime
 
-    from spdflow.qpc import write_json_atomic
+    from spdflow.qpc import short_hash, write_json_atomic
     from spdflow_qaic.formats import render_custom_io, specializations_document
 
     specs = request.specializations
@@ -178,7 +198,8 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
         "kv_dtype": _kv_dtype(model.graph),
         "continuous_batching": request.continuous_batching,
     }
-    write_json_atomic(program / MANIFEST, manifest)  # last: marks the program complete
+    write_json_atomic(program / MANIFEST, manifest)
+    cache.write_done(work, {"key": short_hash(params)})  # last: marks the program complete
 
 
 def _qconfig(request: CompileRequest, ort_version: str) -> dict:
@@ -264,12 +285,14 @@ class OrtBackend(Backend):
     def _build(self, request: CompileRequest, model, params: dict, custom_io, key: str, qpc_dir: Path) -> OrtProgram:
         from spdflow.qpc import atomic_dir
 
-        if program_is_complete(qpc_dir) and not request.force:
+        problem = None if request.force else program_problem(qpc_dir, verify=request.verify)
+        if not request.force and problem is None:
             return self._program(request, qpc_dir, key, cached=True, reason=f"cached (key {key})")
         if request.force:
             why = "forced rebuild"
         elif qpc_dir.exists():
-            why = f"rebuilt: qpc-{key} was incomplete (no valid qpc/{MANIFEST})"
+            why = f"rebuilt: qpc-{key} was not trusted ({problem})"
+            request.warn(f"program qpc-{key} is not trusted ({problem}); rebuilding")
         else:
             why = "no program for this key"
         request.progress(f"building qpc-{key} ({len(request.specializations)} specializations)")
@@ -311,10 +334,10 @@ class OrtBackend(Backend):
         from spdflow_ort.session import OrtSession
 
         qpc_dir = Path(program.qpc_dir)
-        if not program_is_complete(qpc_dir):
+        problem = program_problem(qpc_dir)
+        if problem is not None:
             raise StageError(
-                f"onnxruntime: {qpc_dir} holds no complete program (qpc/{MANIFEST} missing); "
-                "run the compile stage again"
+                f"onnxruntime: {qpc_dir} holds no trusted program ({problem}); run the compile stage again"
             )
         defaults = _recorded_devices(qpc_dir)
         return OrtSession(

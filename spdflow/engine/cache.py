@@ -2,8 +2,9 @@
 
 A stage's key is the sha256 of canonical JSON of (implementation, version, config, input
 digests): the same logical recipe gives the same key whatever the YAML key order. A finished
-output directory holds ``.spdflow-done.json`` listing its files with their digests; an output
-without it, or whose files no longer match, is not trusted (a warning, then a rebuild).
+output directory holds ``.spdflow-done.json`` listing its files with sha256, size and mtime; an
+output without it, or whose files no longer match, is not trusted (a warning, then a rebuild).
+Checking is fast: only files whose size or mtime changed are hashed again (all with ``verify``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ DONE_MARKER = ".spdflow-done.json"
 KEY_SCHEMA = 1
 #: files above this size are identified by size and mtime instead of a full sha256
 FULL_HASH_LIMIT = 256 * 1024 * 1024
+#: the layout of done markers; a marker of another format is not trusted
+MARKER_FORMAT = 2
 
 
 def canonical_json(obj: Any) -> str:
@@ -54,18 +57,30 @@ def dir_digest(path: Path, patterns: tuple[str, ...] = ("*",)) -> dict[str, str]
     return {p.name: file_digest(p) for p in files}
 
 
+def file_record(path: Path) -> dict[str, Any]:
+    """What a done marker keeps about one file: its sha256, size and modification time."""
+    stat = path.stat()
+    return {"sha256": sha256_file(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def write_done(directory: Path, extra: dict[str, Any] | None = None) -> None:
-    """Record every file under ``directory`` with its digest: the output is complete."""
+    """Record every file under ``directory`` with its hash, size and mtime: the output is complete."""
     files = {
-        str(p.relative_to(directory)): file_digest(p)
+        str(p.relative_to(directory)): file_record(p)
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != DONE_MARKER
     }
-    write_json_atomic(directory / DONE_MARKER, {"files": files, **(extra or {})})
+    write_json_atomic(directory / DONE_MARKER, {"marker_format": MARKER_FORMAT, "files": files, **(extra or {})})
 
 
-def read_done(directory: Path) -> tuple[dict[str, Any] | None, str]:
-    """(marker, "") when ``directory`` is complete and intact, else (None, why not)."""
+def read_done(directory: Path, *, verify: bool = False) -> tuple[dict[str, Any] | None, str]:
+    """(marker, "") when ``directory`` is complete and intact, else (None, why not).
+
+    A file whose size and mtime still match its record is trusted without reading it (the fast
+    path); one whose mtime changed is hashed in full, and so is every file when ``verify``.
+    A file that changed its mtime but not its content gets its record refreshed, so the next
+    check is fast again.
+    """
     marker_path = directory / DONE_MARKER
     if not directory.is_dir():
         return None, "not built yet"
@@ -74,14 +89,37 @@ def read_done(directory: Path) -> tuple[dict[str, Any] | None, str]:
     try:
         marker = json.loads(marker_path.read_text())
         files = marker["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        if marker.get("marker_format") != MARKER_FORMAT:
+            return None, "its done marker is from an older spdflow"
+        records = [(name, record["sha256"], record["size"], record["mtime_ns"]) for name, record in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None, "its done marker is unreadable"
-    for name, digest in files.items():
+    refreshed = False
+    for name, digest, size, mtime_ns in records:
         path = directory / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return None, f"'{name}' is missing"
         if not path.is_file():
             return None, f"'{name}' is missing"
-        if file_digest(path) != digest:
-            return None, f"'{name}' does not match its recorded hash"
+        if stat.st_size != size:
+            return None, f"'{name}' changed size since it was built ({size} -> {stat.st_size} bytes)"
+        if verify or stat.st_mtime_ns != mtime_ns:
+            try:
+                actual = sha256_file(path)
+            except OSError as exc:
+                return None, f"'{name}' cannot be read ({exc.strerror or exc})"
+            if actual != digest:
+                return None, f"'{name}' does not match its recorded hash"
+            if stat.st_mtime_ns != mtime_ns:
+                files[name]["mtime_ns"] = stat.st_mtime_ns
+                refreshed = True
+    if refreshed:
+        try:
+            write_json_atomic(marker_path, marker)
+        except OSError:
+            pass  # a read-only cache is still trusted; it is only hashed again next time
     return marker, ""
 
 

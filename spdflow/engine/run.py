@@ -48,6 +48,7 @@ class RunOptions:
     dry_run: bool = False
     compile_only: bool = False
     check_lossless: bool = False
+    verify: bool = False  # hash every cached file in full before reusing it
     report_path: Path | None = None
     proposer_off: bool = False
     #: where exports (and the compiled programs beside them) are kept; None keeps them in the
@@ -187,6 +188,8 @@ class Engine:
         self.state = RunState(self.recipe, self.run_dir)
         self._sessions: list[Any] = []
         self._auxiliary: dict[tuple[str, str], tuple[CompiledProgram, ModelInfo]] = {}
+        #: role -> rebuild its program from scratch (when a cached one turns out damaged)
+        self._rebuild: dict[str, Any] = {}
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -243,7 +246,7 @@ class Engine:
     def _export_locked(self, model: ModelSpec, model_dir: Path, role: str, cb: bool, key: str, target: Path,
                        outputs: tuple[str, ...] = ()):
         if not should_force("export", self.options):
-            marker, why = cache.read_done(target)
+            marker, why = cache.read_done(target, verify=self.options.verify)
             if marker is not None:
                 return target / marker["onnx"], _model_info(marker["model_info"]), key, True, f"cached (key {key[:8]}…)"
             if target.exists():
@@ -270,13 +273,13 @@ class Engine:
     # -- compile --------------------------------------------------------------------------
 
     def compile(self, onnx: Path, info: ModelInfo, shapes: list[Specialization], k_list: list[int],
-                role: str, devices: DevicesSpec, dtype: str) -> CompiledProgram:
+                role: str, devices: DevicesSpec, dtype: str, force: bool = False) -> CompiledProgram:
         request = CompileRequest(
             onnx_path=onnx, export_dir=onnx.parent, specializations=shapes, num_speculative_tokens=k_list,
             devices=devices, model_info=info, role=role,
             continuous_batching=self.recipe.specialization.full_batch_size is not None,
-            compile_only=self.options.compile_only, force=should_force("compile", self.options),
-            progress=self.ui.message, dtype=dtype,
+            compile_only=self.options.compile_only, force=force or should_force("compile", self.options),
+            progress=self.ui.message, dtype=dtype, verify=self.options.verify, warn=self.ui.warn,
             backend_config=plugin_config(self.pm, "backend", devices.backend, devices.with_),
         )
         program = self.pm.hook.spdflow_compile(request=request, backend=self.backend())
@@ -384,8 +387,30 @@ class Engine:
         return config
 
     def open_session(self, program: CompiledProgram):
+        if record:
+            stage.cache_key = program.key
+            stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command}
+            self._end(stage, start, "cached" if program.cached else "ran", program.reason)
+        self._rebuild[role] = lambda: self.compile(onnx, info, shapes, k_list, role, devices, model.dtype, force=True)
+        return program, info
+
+    def open_session(self, program: CompiledProgram, role: str | None = None):
+        """A session on ``program``. A cached program that fails to load is hashed in full;
+        if it is damaged it is rebuilt once (with a warning) instead of failing every rerun."""
         backend = self.backend()
-        session = backend.open_session(program)
+        try:
+            session = backend.open_session(program)
+        except Exception:
+            rebuild = self._rebuild.get(role) if program.cached else None
+            marker, why = cache.read_done(Path(program.qpc_dir), verify=True) if rebuild else ({}, "")
+            if marker is not None:
+                raise
+            self.ui.warn(f"cached program '{Path(program.qpc_dir).name}' failed to load and is damaged ({why}); rebuilding")
+            program = rebuild()
+            if role == "target":
+                compile_stage = self.state.stages["compile"]
+                compile_stage.status, compile_stage.reason = "ran", f"rebuilt after the cached program failed to load ({why})"
+            session = backend.open_session(program)
         self._sessions.append(session)
         return session
 
@@ -400,7 +425,7 @@ class Engine:
         program, info = built
         if not program.runnable:
             raise StageError("the draft model was compiled with --compile-only and cannot run here")
-        return self.open_session(program), info
+        return self.open_session(program, role), info
 
     # -- generate -------------------------------------------------------------------------
 
@@ -416,7 +441,7 @@ class Engine:
             requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
                                 recipe.workload.max_new_tokens, recipe.workload.seed) for i, text in enumerate(prompts)]
             check_prompts(requests, recipe.specialization.ctx_len)
-            session = self.open_session(program)
+            session = self.open_session(program, "target")
             sampling = Sampling(recipe.workload.temperature, recipe.workload.top_k, recipe.workload.top_p)
             spec = recipe.specialization
             config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
