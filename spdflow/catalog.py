@@ -210,8 +210,13 @@ RUNTIME: tuple[CatalogEntry, ...] = (
                  "Report it to the plugin's authors (named in the message), or use another proposer."),
     CatalogEntry("plugin.contract", "PluginError", 4,
                  "proposer '<name>' proposed <n> tokens where k_max was <k> / a token id outside the vocabulary / "
+                 "returned tokens of dtype <dtype> / draft probabilities with NaN, infinite or negative values / "
+                 "acceptor '<name>' returned <tokens> for a proposal of <n> tokens / "
                  "the K policy chose K=<k>, which is not compiled / no plugin implements <hook>",
-                 "A plugin returned something that breaks the plugin contract.", "Fix the plugin; the message names it."),
+                 "A plugin returned something that breaks the plugin contract (proposals must be Proposal objects with "
+                 "1-D integer ids inside the vocabulary, at most k_max of them, and finite non-negative [n, vocab] "
+                 "probabilities; writing into the read-only arrays the engine hands out raises).",
+                 "Fix the plugin; the message names it."),
     CatalogEntry("whatif.trace-version", "TraceVersionError", 1,
                  "'<dir>/trace.jsonl' has trace format version <v>, which this spdflow (trace format <n>) cannot read / "
                  "written before replayable traces (version <n>)",
@@ -221,6 +226,11 @@ RUNTIME: tuple[CatalogEntry, ...] = (
                  "'<dir>' is not a finished spdflow run (no <file>) / <file> is unreadable / request <i> has no token ids",
                  "whatif and advise replay a run from its report.json, outputs.jsonl and trace.jsonl; one is missing or damaged.",
                  "Point at the run's output directory (runs/<name>), or rerun the recipe."),
+    CatalogEntry("run.lossless", "LosslessError", 5,
+                 "--check-lossless: the output of <n> request(s) [<ids>] differs from the greedy no-spec baseline",
+                 "Greedy speculative decoding must emit exactly the no-spec tokens; a plugin or the backend changed them. "
+                 "The report records the mismatched requests. Sampled runs only record the comparison.",
+                 "Find the plugin at fault (try another proposer or acceptor); rerun with --verify to rule out a damaged cache."),
     CatalogEntry("interrupted", "RunInterrupted", 130, "interrupted by the user; the partial report is in <dir>/report.json",
                  "Ctrl-C (SIGINT). The report's status is \"interrupted\".", "Rerun: finished stages are reused from the cache."),
     CatalogEntry("sweep.invalid", "RecipeError", 3, "sweep '<path>' is invalid: <n> errors",

@@ -3,7 +3,7 @@
 Results go to stdout; progress, warnings and errors to stderr.
 
 Exit codes: 0 ok · 1 run failure or lint findings · 2 usage · 3 invalid recipe ·
-4 plugin fault · 130 interrupted.
+4 plugin fault · 5 lossless check failed · 130 interrupted · 143 terminated.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from spdflow import __version__
 from spdflow.errors import SpdflowError
 
 EXIT_CODES = {0: "ok", 1: "run failed or lint findings", 2: "usage error", 3: "invalid recipe",
-              4: "plugin fault", 130: "interrupted (Ctrl-C)"}
+              4: "plugin fault", 5: "lossless check failed (greedy output differs from no-spec)",
+              130: "interrupted (Ctrl-C, SIGINT)", 143: "terminated (SIGTERM)"}
 
 
 def _verbose() -> bool:
@@ -82,7 +83,7 @@ def cli(verbose: bool) -> None:
       spdflow plugins                            installed plugins, hooks and names
 
     Exit codes: 0 ok, 1 run failure or lint findings, 2 usage, 3 invalid recipe,
-    4 plugin fault, 130 interrupted.
+    4 plugin fault, 5 lossless check failed, 130 interrupted, 143 terminated.
     """
     if verbose:
         os.environ["SPDFLOW_DEBUG"] = "1"

@@ -1,7 +1,8 @@
 """One exception hierarchy; each error knows its exit code.
 
 Exit codes (documented in README.md, tested in tests/test_cli.py):
-0 ok, 1 run or lint failure, 2 usage, 3 invalid recipe, 4 plugin fault, 130 interrupted.
+0 ok, 1 run or lint failure, 2 usage, 3 invalid recipe, 4 plugin fault, 5 lossless check failed,
+130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 from __future__ import annotations
 
@@ -73,6 +74,12 @@ class RunDataError(SpdflowError):
 
 class TraceVersionError(RunDataError):
     """trace.jsonl has a format version this spdflow cannot read."""
+
+
+class LosslessError(SpdflowError):
+    """``--check-lossless`` found greedy speculative output that differs from no-spec."""
+
+    exit_code = 5
 
 
 class RunInterrupted(SpdflowError):

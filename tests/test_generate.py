@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from spdflow.engine.run import Engine, RunOptions
@@ -358,3 +359,179 @@ def test_step_costs_touch_only_the_reserved_kv_slot_and_are_measured_once(pm, tm
         assert calls == []  # cached per session
     finally:
         session.close()
+
+
+# ------------------------------------------------------------------------ plugins cannot corrupt output
+
+
+def _register(pm, kind: str, name: str, factory, plugin: str) -> None:
+    from spdflow import hookimpl
+
+    hook = {"proposer": "spdflow_register_proposers", "acceptor": "spdflow_register_acceptors"}[kind]
+
+    class Plugin:
+        pass
+
+    setattr(Plugin, hook, staticmethod(hookimpl(specname=hook)(lambda register: register(name, factory))))
+    pm.add_plugin(Plugin(), plugin, version="0.1")
+
+
+class _Writer:
+    """A proposer that writes into what the engine hands it (the tokens, the request, the accepted tokens)."""
+
+    def __init__(self, where: str):
+        from spdflow.api import Proposer
+
+        self.where = where
+        self.base = Proposer
+
+    def add_request(self, slot, request):
+        if self.where == "request":
+            request.prompt_ids[0] = 7
+
+    def propose(self, inputs):
+        from spdflow.api import Proposal
+
+        if self.where == "tokens":
+            for item in inputs:
+                item.tokens[-1] = 3  # would change the anchor the target verifies
+        return [Proposal.empty() for _ in inputs]
+
+    def on_accepted(self, slot, tokens):
+        if self.where == "accepted":
+            tokens[:] = 5
+
+    def remove_request(self, slot):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("where", ["tokens", "request", "accepted"])
+def test_a_proposer_that_writes_into_engine_state_fails_the_run_naming_it(pm, tmp_path, models, out_root, where):
+    _register(pm, "proposer", "writer", lambda config, ctx: _Writer(where), "writer-plugin")
+    out = out_root / "writer"
+    path = write(tmp_path, models[0], out, "writer", max_new=8)
+    with pytest.raises(PluginError) as info:
+        run(pm, path)
+    assert "proposer 'writer' (plugin 'writer-plugin' 0.1) failed" in info.value.message
+    assert "read-only" in info.value.message
+    assert info.value.exit_code == 4
+
+
+def _bad_proposals(case: str, vocab: int):
+    from spdflow.api import Proposal
+
+    one = np.array([1], dtype=np.int64)
+    return {
+        "not a Proposal": {"tokens": one},
+        "float ids": Proposal(np.array([1.5])),
+        "2-D ids": Proposal(np.array([[1, 2]])),
+        "bool ids": Proposal(np.array([True])),
+        "negative id": Proposal(np.array([-1])),
+        "id past the vocab": Proposal(np.array([vocab])),
+        "too many": Proposal(np.arange(1, 9)),
+        "NaN probs": Proposal(one, np.full((1, vocab), np.nan, dtype=np.float32)),
+        "negative probs": Proposal(one, np.full((1, vocab), -1.0, dtype=np.float32)),
+        "probs of the wrong shape": Proposal(one, np.ones((2, vocab), dtype=np.float32)),
+        "zero probs": Proposal(one, np.zeros((1, vocab), dtype=np.float32)),
+    }[case]
+
+
+BAD_PROPOSALS = {
+    "not a Proposal": "propose() must return Proposal objects",
+    "float ids": "integer token ids",
+    "2-D ids": "integer token ids",
+    "bool ids": "integer token ids",
+    "negative id": "outside the vocabulary",
+    "id past the vocab": "outside the vocabulary",
+    "too many": "where k_max was",
+    "NaN probs": "NaN, infinite or negative",
+    "negative probs": "NaN, infinite or negative",
+    "probs of the wrong shape": "one distribution per proposed token",
+    "zero probs": "sums to 0",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROPOSALS))
+def test_an_out_of_contract_proposal_is_a_plugin_error_naming_the_plugin(pm, tmp_path, models, out_root, case):
+    from spdflow.api import Proposer
+
+    class Bad(Proposer):
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def propose(self, inputs):
+            return [_bad_proposals(case, self.vocab) for _ in inputs]
+
+    _register(pm, "proposer", "bad", lambda config, ctx: Bad(ctx.target.vocab_size), "bad-plugin")
+    path = write(tmp_path, models[0], out_root / "contract", "bad", ks=[0, 4], max_new=8)
+    if "probs" in case:  # draft probabilities are read by sampled acceptance
+        path.write_text(path.read_text().replace('"ignore_eos": true', '"ignore_eos": true, "temperature": 0.7'))
+    with pytest.raises(PluginError) as info:
+        run(pm, path)
+    assert "proposer 'bad' (plugin 'bad-plugin' 0.1)" in info.value.message
+    assert BAD_PROPOSALS[case] in info.value.message, info.value.message
+
+
+def test_reference_output_is_read_only(pm, tmp_path, models, out_root):
+    from spdflow.api import Proposal, Proposer
+
+    class Peeks(Proposer):
+        needs_reference_output = True
+
+        def __init__(self, ctx):
+            self.ctx = ctx
+
+        def propose(self, inputs):
+            for item in inputs:
+                self.ctx.reference_output(item.request_index)[0] = 1
+            return [Proposal.empty() for _ in inputs]
+
+    _register(pm, "proposer", "peeks", lambda config, ctx: Peeks(ctx), "peeks-plugin")
+    with pytest.raises(PluginError, match="read-only"):
+        run(pm, write(tmp_path, models[0], out_root / "peeks", "peeks", max_new=8))
+
+
+def test_an_acceptor_that_changes_the_output_fails_the_lossless_check_with_exit_5(pm, tmp_path, models, out_root):
+    from spdflow.api import Acceptor
+    from spdflow.errors import LosslessError
+    from spdflow_decoding.acceptance import accept_greedy
+
+    class AcceptsEverything(Acceptor):
+        """Keeps every proposed token, then the target's token after them: wrong, but in contract."""
+
+        name = "all_in"
+
+        def accept(self, logits, rows, sampling):
+            greedy = accept_greedy(logits, rows)
+            return [np.concatenate([row.proposal.tokens, [g[-1] if len(g) == len(row.proposal.tokens) + 1
+                                                          else logits[i, len(row.proposal.tokens)].argmax()]])
+                    for i, (row, g) in enumerate(zip(rows, greedy))]
+
+    _register(pm, "acceptor", "all_in", lambda: AcceptsEverything(), "all-in-plugin")
+    out = out_root / "yes"
+    path = write(tmp_path, models[0], out, "prompt_lookup", {"prompt_lookup_min": 1}, extra="\nacceptance: all_in")
+    with pytest.raises(LosslessError) as info:
+        run(pm, path, check_lossless=True)
+    assert info.value.exit_code == 5 and "differs from the greedy no-spec baseline" in info.value.message
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["lossless"]["identical"] is False
+    # without --check-lossless nothing compares, so nothing fails (the check is the safety net)
+    assert run(pm, path).status == "ok"
+
+
+def test_an_acceptor_returning_tokens_out_of_contract_is_a_plugin_error(pm, tmp_path, models, out_root):
+    from spdflow.api import Acceptor
+
+    class Skips(Acceptor):
+        name = "skips"
+
+        def accept(self, logits, rows, sampling):
+            return [np.array([], dtype=np.int64) for _ in rows]
+
+    _register(pm, "acceptor", "skips", lambda: Skips(), "skips-plugin")
+    path = write(tmp_path, models[0], out_root / "skips", "prompt_lookup", extra="\nacceptance: skips")
+    with pytest.raises(PluginError, match="acceptor 'skips' returned"):
+        run(pm, path)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -49,6 +49,13 @@ def check_prompts(requests: Sequence[Request], ctx_len: int) -> None:
         problem = prompt_problem(r.index, len(r.prompt_ids), ctx_len)
         if problem is not None:
             raise StageError(problem[0], hint=problem[1])
+
+
+def read_only_copy(array: np.ndarray) -> np.ndarray:
+    """A read-only copy for plugins: writing into what the engine hands out changes nothing."""
+    copy = np.array(array, dtype=np.int64)
+    copy.setflags(write=False)
+    return copy
 
 
 #: measured verify seconds per K, per session: {session: {(rows, ks): {k: seconds}}}
@@ -280,7 +287,8 @@ class Generator:
             live.ttft_s = now
             slots[live.slot] = live
             if self.proposer is not None:
-                self._call_proposer("add_request", live.slot, live.request)
+                self._call_proposer("add_request", live.slot,
+                                    replace(live.request, prompt_ids=read_only_copy(live.request.prompt_ids)))
             if self._wants:
                 self._call_proposer("on_target_outputs", live.slot, TargetOutputs(
                     np.arange(live.length, dtype=np.int64) if hidden_rows[row] else np.array([live.length - 1]),
@@ -421,8 +429,8 @@ class Generator:
     def _propose(self, active, k_max) -> tuple[list[Proposal], float]:
         if self.proposer is None or not any(k_max.values()):
             return [Proposal.empty() for _ in active], 0.0
-        inputs = [ProposeInput(live.slot, live.request.index, live.tokens, len(live.request.prompt_ids), k_max[live.slot])
-                  for live in active]
+        inputs = [ProposeInput(live.slot, live.request.index, read_only_copy(live.tokens), len(live.request.prompt_ids),
+                               k_max[live.slot]) for live in active]
         start = self.clock()
         try:
             proposals = self.pm.hook.spdflow_propose(proposer=self.proposer, inputs=inputs)
@@ -434,19 +442,46 @@ class Generator:
         return self._checked(proposals, inputs), elapsed
 
     def _checked(self, proposals, inputs) -> list[Proposal]:
-        """Proposals must match the inputs one-to-one, fit k_max and stay in the vocabulary."""
+        """Proposals must match the inputs one-to-one, fit k_max and stay in the vocabulary;
+        draft probabilities must be finite, non-negative [n, vocab] rows. The engine keeps
+        read-only copies, so a proposer that changes its arrays later changes nothing."""
         if not isinstance(proposals, list) or len(proposals) != len(inputs):
             raise PluginError(f"{self._who()} returned {type(proposals).__name__} of length "
                               f"{len(proposals) if hasattr(proposals, '__len__') else '?'} for {len(inputs)} requests")
-        checked = []
-        for proposal, item in zip(proposals, inputs):
-            tokens = np.asarray(proposal.tokens, dtype=np.int64).reshape(-1)
-            if len(tokens) > item.k_max:
-                raise PluginError(f"{self._who()} proposed {len(tokens)} tokens where k_max was {item.k_max}")
-            if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size):
-                raise PluginError(f"{self._who()} proposed a token id outside the vocabulary (0..{self.cfg.vocab_size - 1})")
-            checked.append(Proposal(tokens, proposal.probs))
-        return checked
+        return [self._checked_one(proposal, item) for proposal, item in zip(proposals, inputs)]
+
+    def _checked_one(self, proposal, item: ProposeInput) -> Proposal:
+        where = f"for request {item.request_index}"
+        if not isinstance(proposal, Proposal):
+            raise PluginError(f"{self._who()} returned a {type(proposal).__name__} {where}; propose() must return Proposal objects")
+        try:
+            raw = np.asarray(proposal.tokens)
+        except (TypeError, ValueError) as exc:
+            raise PluginError(f"{self._who()} returned tokens that are not an array {where}: {exc}") from None
+        if raw.ndim > 1 or (raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer))):
+            raise PluginError(f"{self._who()} returned tokens of dtype {raw.dtype} and shape {raw.shape} {where}; "
+                              "they must be a 1-D array of integer token ids")
+        tokens = raw.astype(np.int64).reshape(-1)  # a copy: the proposer's array is never used again
+        if len(tokens) > item.k_max:
+            raise PluginError(f"{self._who()} proposed {len(tokens)} tokens where k_max was {item.k_max}")
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size):
+            raise PluginError(f"{self._who()} proposed a token id outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+        tokens.setflags(write=False)
+        probs = proposal.probs
+        if probs is not None:
+            try:
+                probs = np.array(probs, dtype=np.float32)
+            except (TypeError, ValueError) as exc:
+                raise PluginError(f"{self._who()} returned draft probabilities that are not numbers {where}: {exc}") from None
+            if probs.shape != (len(tokens), self.cfg.vocab_size):
+                raise PluginError(f"{self._who()} returned draft probabilities of shape {probs.shape} {where}; "
+                                  f"expected ({len(tokens)}, {self.cfg.vocab_size}): one distribution per proposed token")
+            if not np.isfinite(probs).all() or (probs < 0).any():
+                raise PluginError(f"{self._who()} returned draft probabilities with NaN, infinite or negative values {where}")
+            if len(tokens) and (probs.sum(axis=1) <= 0).any():
+                raise PluginError(f"{self._who()} returned a draft distribution that sums to 0 {where}")
+            probs.setflags(write=False)
+        return Proposal(tokens, probs)
 
     def _choose_k(self, counts: list[int]) -> int:
         if self.proposer is None:
@@ -457,7 +492,24 @@ class Generator:
         return k
 
     def _accept(self, logits, rows) -> list[np.ndarray]:
-        return self.pm.hook.spdflow_accept(acceptor=self.acceptor, logits=logits, rows=rows, sampling=self.cfg.sampling)
+        """The acceptor's tokens per row, checked against the contract: the accepted proposal
+        prefix followed by exactly one target token, every id inside the vocabulary."""
+        accepted = self.pm.hook.spdflow_accept(acceptor=self.acceptor, logits=logits, rows=rows, sampling=self.cfg.sampling)
+        name = getattr(self.acceptor, "name", "") or type(self.acceptor).__name__
+        if not isinstance(accepted, (list, tuple)) or len(accepted) != len(rows):
+            raise PluginError(f"acceptor '{name}' returned {type(accepted).__name__} for {len(rows)} rows; "
+                              "it must return one token array per row")
+        checked = []
+        for tokens, row in zip(accepted, rows):
+            tokens = np.asarray(tokens)
+            proposed = row.proposal.tokens
+            if (tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer) or not 1 <= len(tokens) <= len(proposed) + 1
+                    or not np.array_equal(tokens[:-1], proposed[: len(tokens) - 1])
+                    or tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size):
+                raise PluginError(f"acceptor '{name}' returned {tokens.tolist()!r} for a proposal of {len(proposed)} tokens; "
+                                  "it must return the accepted proposal prefix plus one target token, all inside the vocabulary")
+            checked.append(tokens.astype(np.int64))
+        return checked
 
     def _append(self, live: _Live, tokens: np.ndarray, slots: list, results: dict) -> int:
         """Append accepted tokens, clipped at EOS / max_new_tokens / ctx_len; retire if done."""
@@ -480,7 +532,7 @@ class Generator:
         if reason is None and live.length >= self.cfg.ctx_len:
             reason = "ctx_len"
         if self._tell_accepted:
-            self._call_proposer("on_accepted", live.slot, tokens)
+            self._call_proposer("on_accepted", live.slot, read_only_copy(tokens))
         self.on_tokens(n)
         if reason is not None:
             self._retire(live, reason, slots, results)

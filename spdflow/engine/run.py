@@ -33,7 +33,7 @@ from spdflow.api import (
     auxiliary_models,
 )
 from spdflow.engine import cache
-from spdflow.errors import PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
+from spdflow.errors import LosslessError, PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
 from spdflow.plugins import make_k_policy, plugin_config, required_ks
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
@@ -492,13 +492,27 @@ class Engine:
         tokens = sum(len(o["tokens"]) for o in self.state.outputs)
         self._end(stage, start, "ran", f"{len(requests)} requests, {tokens} tokens")
 
+    def check_lossless(self) -> None:
+        """A greedy run whose tokens differ from the no-spec baseline fails (its own exit code).
+        Sampled runs only record the comparison: identity is not expected there."""
+        lossless = self.state.lossless
+        if not lossless or lossless["identical"] or self.recipe.workload.temperature != 0:
+            return
+        mismatched = lossless["mismatched_requests"]
+        raise LosslessError(f"--check-lossless: the output of {len(mismatched)} request(s) {mismatched[:10]} differs "
+                            "from the greedy no-spec baseline",
+                            hint="speculation changed the output: a plugin (proposer, acceptor, K policy) or the "
+                                 "backend is at fault; rerun with --verify to rule out a damaged cache")
+
     def _make_proposer(self, info: ModelInfo, sampling: Sampling, baseline: dict):
+        from spdflow.engine.generate import read_only_copy
+
         recipe = self.recipe
         registration = self.pm.lookup("proposer", recipe.proposer.uses)
         config = self._proposer_config()
         ctx = ProposerContext(recipe=recipe, target=info, sampling=sampling, run_dir=self.run_dir, base_dir=self.loaded.base_dir,
                               build_session=self.build_draft_session,
-                              reference_output=lambda i: baseline[i])
+                              reference_output=lambda i: read_only_copy(baseline[i]))
         try:
             return registration.factory(config, ctx)
         except SpdflowError:
@@ -546,6 +560,7 @@ class Engine:
                 self._skip("generate", f"{why}: {programs} program(s) written, nothing generated")
             else:
                 self.generate(program, info)
+            self.check_lossless()
             state.status = "ok"
         except KeyboardInterrupt:
             state.status = "interrupted"
