@@ -194,13 +194,17 @@ RUNTIME: tuple[CatalogEntry, ...] = (
     CatalogEntry("run.report", "StageError", 1, "cannot write the run report in '<dir>': <reason>",
                  "The run finished but its report could not be written (e.g. the disk is full).",
                  "Free space or fix permissions, then rerun: cached stages are reused."),
-    CatalogEntry("plugin.load", "PluginError", 4, "plugin '<name>' failed to load: <ExceptionType>: <message>",
-                 "An installed plugin's entry point raised on import; only recipes that use it break.",
+    CatalogEntry("plugin.load", "PluginError", 4,
+                 "unknown <kind> '<name>', and plugin '<plugin>' is broken: <ExceptionType>: <message> / "
+                 "implements unknown hook '<hook>' (did you mean '<hook>'?)",
+                 "An installed plugin raised (or called sys.exit) on import, or implements a misspelled hook. It is "
+                 "unregistered and `spdflow plugins` shows its error; only recipes that use a name it would register fail.",
                  "See `spdflow plugins`; reinstall or fix the plugin."),
     CatalogEntry("plugin.registry", "PluginError", 4,
-                 "<kind> '<name>' is registered twice, by plugin '<a>' and by plugin '<b>' / plugin '<p>' failed in <hook> / "
-                 "a plugin implements an unknown hook",
-                 "Two plugins claim one name, or a plugin broke while registering.", "Uninstall or fix one of the plugins."),
+                 "<kind> '<name>' is registered twice, by plugin '<a>' and by plugin '<b>' / plugin '<p>' failed in <hook>",
+                 "Two plugins claim one name (the name is unusable), or a plugin broke while registering (it is "
+                 "unregistered whole). Recipes that do not use those names still run.",
+                 "Uninstall or fix one of the plugins."),
     CatalogEntry("plugin.unknown-name", "PluginError", 4, "unknown <kind> '<name>'; did you mean '<name>'?",
                  "A name (e.g. a bench K policy) is not registered by any installed plugin.",
                  "Use a name listed in the hint or `spdflow plugins`."),
@@ -231,8 +235,14 @@ RUNTIME: tuple[CatalogEntry, ...] = (
                  "Greedy speculative decoding must emit exactly the no-spec tokens; a plugin or the backend changed them. "
                  "The report records the mismatched requests. Sampled runs only record the comparison.",
                  "Find the plugin at fault (try another proposer or acceptor); rerun with --verify to rule out a damaged cache."),
-    CatalogEntry("interrupted", "RunInterrupted", 130, "interrupted by the user; the partial report is in <dir>/report.json",
-                 "Ctrl-C (SIGINT). The report's status is \"interrupted\".", "Rerun: finished stages are reused from the cache."),
+    CatalogEntry("interrupted", "RunInterrupted", 130,
+                 "interrupted by the user (Ctrl-C, SIGINT); the partial report is in <dir>/report.json",
+                 "Ctrl-C (SIGINT) at any moment, even one a library swallowed or that the shell told the process to "
+                 "ignore. The report's status is \"interrupted\"; the previous run's report is never left in place.",
+                 "Rerun: finished stages are reused from the cache."),
+    CatalogEntry("terminated", "RunTerminated", 143, "terminated (SIGTERM); the partial report is in <dir>/report.json",
+                 "SIGTERM (e.g. a CI job cancelled or a container stopped). The report's status is \"interrupted\".",
+                 "Rerun: finished stages are reused from the cache."),
     CatalogEntry("sweep.invalid", "RecipeError", 3, "sweep '<path>' is invalid: <n> errors",
                  "The sweep file, or a recipe it expands to, has findings, each printed above as path:line:col "
                  "(prefixed with the point or points it concerns).", "Fix every listed finding; `spdflow lint` shows them too."),

@@ -49,9 +49,11 @@ class SpdflowGroup(click.Group):
         except SpdflowError as exc:
             report_error(exc)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:
+            from spdflow.engine.signals import Terminated
+
+            click.echo("Terminated." if isinstance(exc, Terminated) else "Interrupted.", err=True)
+            ctx.exit(143 if isinstance(exc, Terminated) else 130)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: still one sentence, the traceback only with --verbose
@@ -233,4 +235,9 @@ cli.add_command(sweep)
 
 
 def main() -> None:
+    from spdflow.engine import signals
+
+    # SIGINT/SIGTERM at any moment end like Ctrl-C (exit 130/143), even if the shell made this
+    # process ignore SIGINT; one swallowed during start-up is still seen by the run's checks.
+    signals.install()
     cli(prog_name="spdflow")

@@ -83,6 +83,12 @@ class LosslessError(SpdflowError):
 
 
 class RunInterrupted(SpdflowError):
-    """The user pressed Ctrl-C; the partial report says so."""
+    """The user pressed Ctrl-C (SIGINT); the report says interrupted."""
 
     exit_code = 130
+
+
+class RunTerminated(RunInterrupted):
+    """The run got SIGTERM; the report says interrupted."""
+
+    exit_code = 143

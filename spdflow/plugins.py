@@ -50,6 +50,8 @@ class SpdflowPluginManager(pluggy.PluginManager):
         self.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
         self._registry: dict[str, dict[str, Registration]] | None = None
+        #: kind -> name -> why the name is unusable (two plugins registered it)
+        self._conflicts: dict[str, dict[str, str]] = {kind: {} for kind in REGISTRATION_KINDS}
 
     # -- loading -------------------------------------------------------------------------
 
@@ -77,8 +79,14 @@ class SpdflowPluginManager(pluggy.PluginManager):
             try:
                 module = ep.load()
                 self.register(module, name=ep.name)
-            except Exception as exc:  # a broken plugin must not break the others
-                info.error = f"{type(exc).__name__}: {exc}"
+                unknown = unknown_hooks(self, module)
+                if unknown:
+                    raise PluginError(unknown)
+            except (Exception, SystemExit) as exc:  # a broken plugin must not break the others
+                # SystemExit too: a plugin that calls sys.exit() at import must not end spdflow.
+                if self.get_plugin(ep.name) is not None:
+                    self.unregister(name=ep.name)
+                info.error = exc.message if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
 
     def add_plugin(self, plugin: Any, name: str, *, distribution: str | None = None, version: str | None = None) -> None:
         """Register an in-process plugin (built-ins, tests, embedding applications)."""
@@ -91,40 +99,60 @@ class SpdflowPluginManager(pluggy.PluginManager):
     def registry(self) -> dict[str, dict[str, Registration]]:
         """kind -> name -> Registration, built once by calling every registration hook.
 
-        Each hook implementation is called on its own so every registration knows its plugin;
-        a duplicate name is a PluginError naming both plugins.
+        Each hook implementation is called on its own so every registration knows its plugin.
+        A plugin whose registration hook raises is unregistered with its error kept (``spdflow
+        plugins`` shows it); a name two plugins register is unusable, and looking it up is a
+        PluginError naming both. Either way only recipes that use those names fail.
         """
         if self._registry is not None:
             return self._registry
         table: dict[str, dict[str, Registration]] = {kind: {} for kind in REGISTRATION_KINDS}
+        failed: dict[str, str] = {}
+        owners: dict[tuple[str, str], str] = {}  # (kind, name) -> the first plugin that registered it
+        self._conflicts = {kind: {} for kind in REGISTRATION_KINDS}
+        for info in self.infos.values():
+            info.registered = {}
         for kind, hook_name in _REGISTER_HOOKS.items():
             hook = getattr(self.hook, hook_name)
             for impl in hook.get_hookimpls():
                 plugin_name = self.get_name(impl.plugin) or "?"
+                if plugin_name in failed:
+                    continue
+                mine: list[Registration] = []
 
-                def register(name, factory, *, config=None, description="", _kind=kind, _plugin=plugin_name):
+                def register(name, factory, *, config=None, description="", _kind=kind, _plugin=plugin_name, _mine=mine):
                     if not isinstance(name, str) or not name:
                         raise PluginError(f"plugin '{_plugin}' registered a {_kind} without a name")
-                    if name in table[_kind]:
-                        other = table[_kind][name].plugin
-                        raise PluginError(
-                            f"{_kind} '{name}' is registered twice, by plugin '{other}' and by plugin '{_plugin}'",
-                            hint="uninstall one of the two plugins",
-                        )
-                    table[_kind][name] = Registration(_kind, name, factory, config, _plugin, description)
+                    _mine.append(Registration(_kind, name, factory, config, _plugin, description))
 
                 try:
                     impl.function(register)
-                except PluginError:
-                    raise
-                except Exception as exc:
-                    raise PluginError(
+                except (Exception, SystemExit) as exc:
+                    failed[plugin_name] = exc.message if isinstance(exc, PluginError) else \
                         f"plugin '{plugin_name}' failed in {hook_name}: {type(exc).__name__}: {exc}"
-                    ) from exc
-                info = self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name))
-                names = [r.name for r in table[kind].values() if r.plugin == plugin_name]
-                if names:
-                    info.registered[kind] = names
+                    continue
+                for registration in mine:
+                    first = owners.setdefault((kind, registration.name), plugin_name)
+                    if first == plugin_name:
+                        table[kind][registration.name] = registration
+                        continue
+                    # Neither plugin can be trusted with the name: recipes that use it fail (exit 4).
+                    table[kind].pop(registration.name, None)
+                    message = f"{kind} '{registration.name}' is registered twice, by plugin '{first}' and by plugin '{plugin_name}'"
+                    self._conflicts[kind][registration.name] = message
+                    self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name)).error = message
+        for plugin_name, message in failed.items():
+            # A plugin that broke while registering is unregistered whole, its error kept for `spdflow plugins`.
+            self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name)).error = message
+            for names in table.values():
+                for name in [n for n, r in names.items() if r.plugin == plugin_name]:
+                    del names[name]
+            if self.get_plugin(plugin_name) is not None:
+                self.unregister(name=plugin_name)
+        for kind, names in table.items():
+            for registration in names.values():
+                info = self.infos.setdefault(registration.plugin, PluginInfo(name=registration.plugin))
+                info.registered.setdefault(kind, []).append(registration.name)
         self._registry = table
         return table
 
@@ -133,6 +161,8 @@ class SpdflowPluginManager(pluggy.PluginManager):
         table = self.registry()[kind]
         if name in table:
             return table[name]
+        if name in self._conflicts[kind]:
+            raise PluginError(self._conflicts[kind][name], hint="uninstall one of the two plugins")
         raise PluginError(unknown_name_message(kind, name, list(table)), hint=unknown_name_hint(kind, name, self))
 
     def describe(self) -> list[PluginInfo]:
@@ -146,6 +176,21 @@ class SpdflowPluginManager(pluggy.PluginManager):
             if plugin is not None:
                 info.hooks = sorted(impl.name for impl in _hookimpls_of(self, plugin))
         return sorted(self.infos.values(), key=lambda i: i.name)
+
+
+def unknown_hooks(pm: pluggy.PluginManager, plugin: Any) -> str | None:
+    """The error of a plugin that implements hooks spdflow does not have (a misspelled name)."""
+    names = sorted(caller.name for caller in pm.get_hookcallers(plugin) or []
+                   if caller.spec is None and any(impl.plugin is plugin and not impl.optionalhook
+                                                  for impl in caller.get_hookimpls()))
+    if not names:
+        return None
+    known = [name for name in dir(hookspecs) if name.startswith("spdflow_")]
+    parts = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return f"implements unknown hook{'s' if len(names) > 1 else ''} {', '.join(parts)}"
 
 
 def _hookimpls_of(pm: pluggy.PluginManager, plugin: Any):

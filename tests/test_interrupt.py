@@ -46,20 +46,58 @@ output: out
 """
 
 DRIVER = """\
+import os
+import sys
 import time
 
 import spdflow.plugins as plugins
 from spdflow.hookspecs import hookimpl
 
 real = plugins.get_plugin_manager
+PAUSE = os.environ.get("SPDFLOW_TEST_PAUSE")
+SWALLOW = os.environ.get("SPDFLOW_TEST_SWALLOW") == "1"
+
+
+def pause(stage):
+    # SPDFLOW_TEST_PAUSE=<stage>: say so and wait there, so a test can signal that stage.
+    # SPDFLOW_TEST_SWALLOW=1: eat the interrupt, as a library's bare `except:` would.
+    global PAUSE
+    if PAUSE != stage:
+        return
+    PAUSE = None
+    try:  # the signal can land as soon as the line is out
+        print(f"PAUSE {stage}", file=sys.stderr, flush=True)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        if not SWALLOW:
+            raise
+        print("SWALLOWED", file=sys.stderr, flush=True)
 
 
 class SlowVerify:
     @staticmethod
     @hookimpl(wrapper=True)
     def spdflow_verify(session, input_ids, position_ids, num_logits_to_keep, batch_index):
+        pause("generate")
         time.sleep(0.005)
         return (yield)
+
+    @staticmethod
+    @hookimpl(wrapper=True)
+    def spdflow_export(request):
+        pause("export")
+        return (yield)
+
+    @staticmethod
+    @hookimpl(wrapper=True)
+    def spdflow_compile(request, backend):
+        pause("compile")
+        return (yield)
+
+    @staticmethod
+    @hookimpl
+    def spdflow_after_run(recipe, run):
+        pause("report")
 
 
 def patched(**kwargs):
@@ -97,8 +135,8 @@ def project(tmp_path_factory) -> Path:
 class Run:
     """A ``spdflow run`` subprocess whose stderr lines are read as they come."""
 
-    def __init__(self, project: Path, *args: str):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="200")
+    def __init__(self, project: Path, *args: str, **env_extra: str):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COLUMNS="200", **env_extra)
         env.pop("SPDFLOW_DEBUG", None)
         self.proc = subprocess.Popen([sys.executable, str(project / "driver.py"), "run", *args, "recipe.yaml"],
                                      cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -228,3 +266,67 @@ def test_ctrl_c_exits_130_with_an_interrupted_partial_report(project):
     assert report["status"] == "interrupted"
     stages = {s["name"]: s for s in report["stages"]}
     assert stages["generate"]["status"] == "failed" and stages["generate"]["reason"] == "interrupted"
+
+
+#: (stage to pause in, signal, exit code); every stage is interrupted once, each signal at least twice
+STAGE_SIGNALS = [
+    ("export", signal.SIGTERM, 143),
+    ("compile", signal.SIGINT, 130),
+    ("generate", signal.SIGTERM, 143),
+    ("report", signal.SIGINT, 130),
+    ("report", signal.SIGTERM, 143),
+]
+
+
+def _previous_report(out: Path) -> None:
+    """What a finished earlier run left: a new run must never leave it in place."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({"status": "ok", "run_id": "previous"}))
+    (out / "report.md").write_text("# previous run\n")
+
+
+@pytest.mark.parametrize("stage,signum,code", STAGE_SIGNALS, ids=[f"{s}-{g.name}" for s, g, _ in STAGE_SIGNALS])
+def test_a_signal_in_any_stage_gives_its_exit_code_and_an_interrupted_report(project, stage, signum, code):
+    name = f"sig-{stage}-{signum.name}"
+    out = project / name
+    _previous_report(out)
+    run = Run(project, "--set", f"output={name}", SPDFLOW_TEST_PAUSE=stage)
+    assert run.wait_for(f"PAUSE {stage}"), f"the run ended before {stage}"
+    run.proc.send_signal(signum)
+    status, log = run.finish()
+    assert status == code, log
+    assert "Traceback" not in log
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["run_id"] != "previous"
+    assert ("terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted by the user") in report["error"]["message"]
+    assert "previous run" not in (out / "report.md").read_text()
+    trusted_artifacts_are_intact(out)
+
+
+def test_an_interrupt_that_a_library_swallows_still_stops_the_run(project):
+    out = project / "swallowed"
+    run = Run(project, "--set", "output=swallowed", SPDFLOW_TEST_PAUSE="export", SPDFLOW_TEST_SWALLOW="1")
+    assert run.wait_for("PAUSE export")
+    run.proc.send_signal(signal.SIGINT)
+    status, log = run.finish()
+    assert "SWALLOWED" in log
+    assert status == 130, log
+    assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
+
+
+def test_sigint_is_handled_even_when_the_shell_made_the_process_ignore_it(project):
+    """A shell starts background jobs with SIGINT ignored; `kill -INT` must still stop a run."""
+    out = project / "ignored"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", SPDFLOW_TEST_PAUSE="generate")
+    proc = subprocess.Popen([sys.executable, str(project / "driver.py"), "run", "--set", "output=ignored", "recipe.yaml"],
+                            cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "PAUSE generate" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, "".join(seen) + rest
+    assert json.loads((out / "report.json").read_text())["status"] == "interrupted"

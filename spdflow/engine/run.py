@@ -295,8 +295,8 @@ class Engine:
         try:
             outputs = self.target_outputs() if role == "target" else ()
             onnx, info, key, cached, reason = self.export(model, role, outputs)
-        except BaseException:
-            self._end(stage, start, "failed", "export failed")
+        except BaseException as exc:
+            self._end(stage, start, "failed", "interrupted" if isinstance(exc, KeyboardInterrupt) else "export failed")
             raise
         stage.cache_key = key[:16]
         stage.detail = {"export_dir": str(onnx.parent)}  # in the run dir, or a shared cache dir
@@ -308,8 +308,8 @@ class Engine:
         stage, start = self._begin(name("compile"))
         try:
             program = self.compile(onnx, info, shapes, k_list, role, devices, model.dtype)
-        except BaseException:
-            self._end(stage, start, "failed", "compile failed")
+        except BaseException as exc:
+            self._end(stage, start, "failed", "interrupted" if isinstance(exc, KeyboardInterrupt) else "compile failed")
             raise
         stage.cache_key = program.key
         stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command, "role": role,
@@ -545,14 +545,29 @@ class Engine:
                                  hint="`spdflow lint` shows the same checks; `--compile-only` builds without running")
 
     def run(self) -> RunState:
+        """Run every stage under a :class:`SignalGuard`: SIGINT and SIGTERM at any moment give an
+        interrupted report (exit 130 / 143), never a finished run or a previous run's report."""
+        from spdflow.engine.signals import SignalGuard
+
+        with SignalGuard() as self.signals:
+            return self._run()
+
+    def _run(self) -> RunState:
         state = self.state
-        self.preflight()
+        remove_previous_report(self.run_dir)
+        try:
+            self.preflight()
+        except KeyboardInterrupt as exc:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._interrupted(exc)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.pm.hook.spdflow_before_run(recipe=self.recipe, run=state)
         try:
+            self.signals.check()  # one that arrived (and was swallowed) during start-up
             target, *auxiliary = self.programs()
             program, info = self.build_model(target.model, target.role, target.k_list, target.devices)
             self.build_auxiliary_models(auxiliary)
+            self.signals.check()
             if self.options.compile_only or not program.runnable:
                 # The engine's rule, whatever the backend and whether the programs were cached.
                 programs = 1 + len(self._auxiliary)
@@ -560,25 +575,46 @@ class Engine:
                 self._skip("generate", f"{why}: {programs} program(s) written, nothing generated")
             else:
                 self.generate(program, info)
+            self.signals.check()
             self.check_lossless()
             state.status = "ok"
-        except KeyboardInterrupt:
-            state.status = "interrupted"
-            state.error = {"stage": _current_stage(state), "message": "interrupted by the user (Ctrl-C)"}
-            self._finish()
-            raise RunInterrupted("interrupted by the user; the partial report is in " + str(self.run_dir / "report.json"))
+        except KeyboardInterrupt as exc:
+            self._interrupted(exc)
         except SpdflowError as exc:
             state.status = "failed"
             state.error = {"stage": _current_stage(state), "message": exc.message}
             self._finish()
+            self._after_finish(exc)
             raise
         except Exception as exc:
             state.status = "failed"
             state.error = {"stage": _current_stage(state), "message": _one_line(exc)}
             self._finish()
+            self._after_finish(exc)
             raise StageError(f"stage '{_current_stage(state)}' failed: {_one_line(exc)}") from exc
         self._finish()
+        self._after_finish(None)
         return state
+
+    def _interrupted(self, exc: BaseException | None):
+        """Record the interrupt, write the report (signals deferred meanwhile) and raise."""
+        import signal
+
+        from spdflow.engine.signals import DESCRIPTIONS
+        from spdflow.errors import RunTerminated
+
+        state = self.state
+        signum = self.signals.signum_of(exc)
+        state.status = "interrupted"
+        state.error = {"stage": _current_stage(state), "message": DESCRIPTIONS[signum]}
+        self._finish()
+        error = RunTerminated if signum == signal.SIGTERM else RunInterrupted
+        raise error(f"{DESCRIPTIONS[signum]}; the partial report is in {self.run_dir / 'report.json'}") from exc
+
+    def _after_finish(self, error: BaseException | None) -> None:
+        """A signal that arrived while the report was written still makes the run interrupted."""
+        if self.signals.received is not None and self.state.status != "interrupted":
+            self._interrupted(error)
 
     def _finish(self) -> None:
         for session in self._sessions:
@@ -587,6 +623,10 @@ class Engine:
             except Exception:
                 pass
         self._sessions.clear()
+        with self.signals.deferred():
+            self._write_report()
+
+    def _write_report(self) -> None:
         self.pm.hook.spdflow_after_run(recipe=self.recipe, run=self.state)
         stage, start = self._begin("report")
         try:
@@ -601,6 +641,18 @@ class Engine:
 
 
 # ------------------------------------------------------------------------------- small helpers
+
+#: the files of a run's report; a new run removes the previous run's before any work
+REPORT_FILES = ("report.json", "report.md", "report.html", "outputs.jsonl", "trace.jsonl")
+
+
+def remove_previous_report(run_dir: Path) -> None:
+    """An interrupted or crashed run must never leave the previous run's report in place."""
+    for name in REPORT_FILES:
+        try:
+            (run_dir / name).unlink()
+        except FileNotFoundError:
+            pass
 
 
 def record_cost_grid(pm, session, config, run_dir: Path, backend: str) -> None:

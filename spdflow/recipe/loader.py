@@ -391,6 +391,7 @@ def load_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: 
     loaded = read_recipe(path, pm, overrides, root)
     errors = loaded.errors
     if errors:
+        require_plugin_names(loaded, pm)
         count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
         raise RecipeError(f"recipe '{path}' is invalid: {count}", findings=errors)
     return loaded
@@ -399,5 +400,8 @@ def load_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: 
 def require_plugin_names(loaded: LoadedRecipe, pm) -> None:
     """Raise PluginError when a name the recipe uses belongs to a plugin that failed to load."""
     broken = [info for info in pm.infos.values() if info.error]
-    if broken and any(f.code in {"SPD020", "SPD021", "SPD022", "SPD023", "SPD024"} for f in loaded.findings):
-        raise PluginError("; ".join(f"plugin '{b.name}' failed to load: {b.error}" for b in broken))
+    unknown = [f for f in loaded.findings if f.code in {"SPD020", "SPD021", "SPD022", "SPD023", "SPD024"}]
+    if broken and unknown:
+        raise PluginError(f"{unknown[0].message.split(';')[0]}, and "
+                          + "; ".join(f"plugin '{b.name}' is broken: {b.error}" for b in broken),
+                          hint="`spdflow plugins` lists every plugin and its error; fix or reinstall the broken one")
