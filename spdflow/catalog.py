@@ -194,6 +194,15 @@ RUNTIME: tuple[CatalogEntry, ...] = (
     CatalogEntry("run.report", "StageError", 1, "cannot write the run report in '<dir>': <reason>",
                  "The run finished but its report could not be written (e.g. the disk is full).",
                  "Free space or fix permissions, then rerun: cached stages are reused."),
+    CatalogEntry("run.output-dir", "OutputDirError", 1,
+                 "the output dir '<dir>' is an existing file, not a directory / contains a NUL character / "
+                 "cannot use the output dir '<dir>': the file system is read-only / permission denied / the disk is full",
+                 "The run's `output:` cannot be created or written.", "Set `output:` (or --set output=...) to a writable directory."),
+    CatalogEntry("run.output-locked", "OutputDirError", 1,
+                 "output dir '<dir>' is in use by another spdflow run (pid <pid>, started <time>: <command>)",
+                 "Another spdflow process holds the output dir's advisory lock (`.spdflow.lock`); two runs into one "
+                 "directory would overwrite each other's exports. The lock dies with its process, even on kill -9.",
+                 "Wait for that run to finish, or give this run another `output:`."),
     CatalogEntry("plugin.load", "PluginError", 4,
                  "unknown <kind> '<name>', and plugin '<plugin>' is broken: <ExceptionType>: <message> / "
                  "implements unknown hook '<hook>' (did you mean '<hook>'?)",

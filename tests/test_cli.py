@@ -64,7 +64,7 @@ def test_run_unknown_proposer_via_override_exits_3_naming_the_override(runner, w
     assert "--set proposer.uses=sufix:1:1: SPD020 unknown proposer 'sufix'; did you mean 'suffix'?" in result.stderr
 
 
-def test_broken_plugin_used_by_recipe_exits_4(runner, write_recipe, monkeypatch):
+def test_broken_plugin_breaks_only_recipes_that_use_it(runner, write_recipe, monkeypatch):
     from spdflow import hookimpl
 
     class Broken:
@@ -82,9 +82,10 @@ def test_broken_plugin_used_by_recipe_exits_4(runner, write_recipe, monkeypatch)
         return pm
 
     monkeypatch.setattr(plugins, "get_plugin_manager", with_broken)
-    result = runner.invoke(cli, ["run", str(write_recipe())])
+    result = runner.invoke(cli, ["run", str(write_recipe()), "--set", "proposer.uses=brokens_proposer"])
     assert result.exit_code == 4
     assert "plugin 'broken-proposer' failed in spdflow_register_proposers: RuntimeError: boom" in result.stderr
+    assert runner.invoke(cli, ["run", "--dry-run", str(write_recipe())]).exit_code == 0  # does not use it
 
 
 def _cached_snapshot(hf_home, model_id: str) -> None:

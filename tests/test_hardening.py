@@ -438,3 +438,59 @@ def test_every_error_class_is_catalogued_with_its_exit_code():
     for entry in RUNTIME:
         if entry.error in classes:
             assert classes[entry.error].exit_code == entry.exit_code, entry.code
+
+
+# ------------------------------------------------------------------------------- the output dir
+
+
+def test_an_output_path_that_is_a_file_is_one_sentence(home):
+    (home / "taken").write_text("not a dir")
+    result = run(home, recipe_text().replace("output: out", "output: taken"))
+    assert_one_sentence(result, 1, "the output dir 'taken' is an existing file, not a directory")
+    assert "internal error" not in result.stderr
+
+
+def test_an_output_path_with_a_nul_byte_is_one_sentence(home):
+    result = run(home, recipe_text().replace("output: out", 'output: "a\\0b"'))
+    assert result.exit_code in (1, 3), result.output
+    assert "NUL" in result.stderr and "internal error" not in result.stderr and "Traceback" not in result.output
+
+
+def test_a_read_only_output_dir_is_one_sentence(home, monkeypatch):
+    real = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.name == "ro":
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    result = run(home, recipe_text().replace("output: out", "output: ro"))
+    assert_one_sentence(result, 1, "cannot use the output dir 'ro': the file system is read-only")
+
+
+def test_a_second_run_into_a_locked_output_dir_names_the_first(home):
+    from spdflow.engine.outdir import OutputDirLock
+
+    (home / "out").mkdir(exist_ok=True)
+    lock = OutputDirLock(home / "out").acquire()
+    try:
+        result = run(home, recipe_text())
+    finally:
+        lock.release()
+    assert_one_sentence(result, 1, f"output dir 'out' is in use by another spdflow run (pid {os.getpid()}")
+    assert run(home, recipe_text()).exit_code == 0  # released: the next run goes ahead
+
+
+def test_stale_temp_dirs_of_a_killed_run_are_removed_at_start(home):
+    export = home / "out" / "export"
+    target = next(export.glob("target-*"))
+    stale = [export / ".target-0123.abcd.tmp", target / ".qpc-0123.efgh.tmp", home / "out" / ".report.json.x1.tmp"]
+    stale[0].mkdir()
+    (stale[0] / "model.onnx").write_bytes(b"half")
+    stale[1].mkdir()
+    stale[2].write_text("{")
+    result = run(home, recipe_text())
+    assert result.exit_code == 0, result.output
+    assert not any(p.exists() for p in stale)
+    no_temp_left(home / "out")

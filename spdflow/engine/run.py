@@ -188,6 +188,7 @@ class Engine:
         self.state = RunState(self.recipe, self.run_dir)
         self._sessions: list[Any] = []
         self._auxiliary: dict[tuple[str, str], tuple[CompiledProgram, ModelInfo]] = {}
+        self._lock = None  # the output dir's lock, held while running
         #: role -> rebuild its program from scratch (when a cached one turns out damaged)
         self._rebuild: dict[str, Any] = {}
 
@@ -550,17 +551,29 @@ class Engine:
         from spdflow.engine.signals import SignalGuard
 
         with SignalGuard() as self.signals:
-            return self._run()
+            try:
+                return self._run()
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
+                    self._lock = None
+
+    def _open_output_dir(self) -> None:
+        """Create and lock the output dir, remove stale temps and the previous run's report."""
+        from spdflow.engine.outdir import open_output_dir
+
+        if self._lock is None:
+            self._lock = open_output_dir(self.run_dir)
+            remove_previous_report(self.run_dir)
 
     def _run(self) -> RunState:
         state = self.state
-        remove_previous_report(self.run_dir)
         try:
             self.preflight()
         except KeyboardInterrupt as exc:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._open_output_dir()
             self._interrupted(exc)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._open_output_dir()
         self.pm.hook.spdflow_before_run(recipe=self.recipe, run=state)
         try:
             self.signals.check()  # one that arrived (and was swallowed) during start-up
