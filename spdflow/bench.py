@@ -194,7 +194,7 @@ class BatchBench:
             raise StageError("the compiled program cannot run on this machine", hint="bench needs a runnable backend")
         self.tokenizer = load_tokenizer(self.info)
         workload = recipe.workload
-        prompts = load_prompts(workload, self.loaded.base_dir, self.pm)
+        prompts = load_prompts(workload, self.loaded.base_dir, self.pm, allow_outside=self.loaded.allow_outside_paths)
         self.requests = [Request(i, text, np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64),
                                  workload.max_new_tokens, workload.seed) for i, text in enumerate(prompts)]
         check_prompts(self.requests, recipe.specialization.ctx_len)

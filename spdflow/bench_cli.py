@@ -34,7 +34,8 @@ def parse_list(text: str | None, what: str, cast=str) -> list | None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key (dotted path; value parsed as YAML). Repeatable.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overrides, quiet):
+@click.option("--allow-outside-paths", is_flag=True, help="Let the recipe read files outside its own folder.")
+def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overrides, quiet, allow_outside_paths):
     """Benchmark RECIPE: no-spec vs fixed-K vs varK (and peers) on one workload, side by side.
 
     Compiles once per batch size (the K-list plus 0) and reuses one session across modes;
@@ -51,6 +52,7 @@ def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overr
                            peers=parse_list(peers, "peers") or [], repeats=repeats, json_path=json_path)
     pm = get_plugin_manager()
     loaded = load_recipe(recipe, pm, list(overrides))
+    loaded.allow_outside_paths = allow_outside_paths
     rows = bench_recipe(pm, loaded, options, RichUI(quiet=quiet))
     if markdown:
         click.echo(markdown_table(rows))

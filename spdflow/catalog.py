@@ -120,6 +120,11 @@ FINDINGS: tuple[CatalogEntry, ...] = (
     _lint("SPD111", "model '<id>' is not a directory / is not in the local Hugging Face cache / has no config.json",
           "model.id, or a proposer's proposer.with.model, names no model on this machine (spdflow never downloads).",
           "Point the key named in the hint at a local HF folder, or put the model in the local HF cache.", error=True),
+    _lint("SPD112", "<key> '<path>' resolves to '<resolved>', outside the recipe's folder",
+          "model.id, proposer.with.model or workload.file (symlinks followed) leads out of the recipe's folder tree. "
+          "`spdflow run` refuses it (exit 3) unless --allow-outside-paths, so a recipe from a pull request cannot "
+          "read secrets into a report.",
+          "Keep the files a recipe reads inside its folder, or pass --allow-outside-paths for a recipe you trust."),
     _lint("SPD120", "backend '<name>' cannot compile model.dtype <dtype>: <why>",
           "The backend's compiler does not take weights of that dtype with these settings (qaic: bfloat16 for "
           "aic_hw_version ai100); the compile stage refuses it too, before writing anything.",
@@ -194,6 +199,10 @@ RUNTIME: tuple[CatalogEntry, ...] = (
     CatalogEntry("run.report", "StageError", 1, "cannot write the run report in '<dir>': <reason>",
                  "The run finished but its report could not be written (e.g. the disk is full).",
                  "Free space or fix permissions, then rerun: cached stages are reused."),
+    CatalogEntry("recipe.outside-path", "PathOutsideRecipeError", 3,
+                 "<key> '<path>' resolves to '<resolved>', outside the recipe's folder '<dir>'",
+                 "A recipe path leads out of the recipe's folder and --allow-outside-paths was not given.",
+                 "Move the file into the recipe's folder, or pass --allow-outside-paths if you trust the recipe."),
     CatalogEntry("run.output-dir", "OutputDirError", 1,
                  "the output dir '<dir>' is an existing file, not a directory / contains a NUL character / "
                  "cannot use the output dir '<dir>': the file system is read-only / permission denied / the disk is full",

@@ -101,6 +101,12 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
                           help="Override a recipe key (dotted path; value parsed as YAML). Repeatable.")
 
 
+allow_outside_option = click.option(
+    "--allow-outside-paths", is_flag=True,
+    help="Let the recipe read files outside its own folder (model dirs, workload.file); off by default so an "
+         "untrusted recipe cannot read arbitrary files.")
+
+
 @cli.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @set_option
@@ -116,8 +122,9 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
               help="Keep exports and compiled programs here instead of the run dir; runs naming one dir share them.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the summary table.")
+@allow_outside_option
 def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossless, verify, report_path, cache_dir, quiet,
-        as_json):
+        as_json, allow_outside_paths):
     """Run RECIPE: export, specialize, compile, generate, and write the run report."""
     from spdflow.engine.run import RunOptions
     from spdflow.recipe.loader import load_recipe
@@ -125,6 +132,7 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
 
     pm = _pm()
     loaded = load_recipe(recipe, pm, list(overrides))
+    loaded.allow_outside_paths = allow_outside_paths
     options = RunOptions(force=force, from_stage=from_stage, dry_run=dry_run, compile_only=compile_only,
                          check_lossless=check_lossless, verify=verify, report_path=report_path, cache_dir=cache_dir)
     if dry_run:

@@ -12,19 +12,24 @@ class ModelNotFoundError(StageError):
     """The model is neither embedded, a local directory, nor in the local HF cache."""
 
 
-def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None, *, key: str = "model.id") -> Path:
+def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None, *, key: str = "model.id",
+                      allow_outside: bool = False) -> Path:
     """The local directory of ``model_id``; one sentence when it is not on this machine.
 
-    ``key`` is the recipe key that names the model (``proposer.with.model`` for a draft), for hints."""
+    ``key`` is the recipe key that names the model (``proposer.with.model`` for a draft), for hints.
+    A local directory must lie inside ``base_dir`` (the recipe's folder) unless ``allow_outside``."""
     if model_id.startswith(zoo.PREFIX):
         return zoo.zoo_path(model_id)
     # A relative path means the recipe's folder, never the current directory (DESIGN §6).
     candidate = base_dir / Path(model_id).expanduser()
     if candidate.is_dir():
+        from spdflow.recipe.paths import confine
+
+        resolved = confine(candidate, base_dir, key=f"{key} '{model_id}'", allow_outside=allow_outside)
         if not (candidate / "config.json").is_file():
             raise ModelNotFoundError(f"model directory '{candidate}' has no config.json",
                                      hint=f"point {key} at a Hugging Face model folder")
-        return candidate.resolve()
+        return resolved
     cached = _from_hf_cache(model_id, revision)
     if cached is not None:
         return cached

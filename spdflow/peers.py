@@ -34,7 +34,8 @@ def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> d
     """The JSON job the child runs: model dirs, prompt ids, generation settings, which peers."""
     from spdflow.models import resolve_model_dir
 
-    model_dir = resolve_model_dir(recipe.model.id, loaded.base_dir, recipe.model.revision)
+    model_dir = resolve_model_dir(recipe.model.id, loaded.base_dir, recipe.model.revision,
+                                  allow_outside=loaded.allow_outside_paths)
     proposer = recipe.proposer
     uses = proposer.uses if proposer is not None else None
     config = loaded.proposer_config
@@ -43,7 +44,7 @@ def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> d
     if batch_size == 1 and uses == "prompt_lookup":
         modes.append("hf_prompt_lookup")
     if batch_size == 1 and uses == "draft_model":
-        draft_dir = str(resolve_model_dir(config.model, loaded.base_dir))
+        draft_dir = str(resolve_model_dir(config.model, loaded.base_dir, allow_outside=loaded.allow_outside_paths))
         modes.append("hf_assisted")
     return {
         "model_dir": str(model_dir), "draft_dir": draft_dir, "modes": modes,

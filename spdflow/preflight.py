@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from spdflow.errors import SpdflowError
+from spdflow.recipe.paths import ALLOW_FLAG, outside_recipe
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.yamlsource import Finding
 
@@ -43,7 +44,8 @@ class PreflightContext:
 
         if model_id not in self.model_dirs:
             try:
-                self.model_dirs[model_id] = resolve_model_dir(model_id, self.loaded.base_dir, revision)
+                self.model_dirs[model_id] = resolve_model_dir(model_id, self.loaded.base_dir, revision,
+                                                              allow_outside=True)  # SPD112 reports where it is
             except SpdflowError:
                 self.model_dirs[model_id] = None
         return self.model_dirs[model_id]
@@ -75,7 +77,8 @@ def check_models(ctx: PreflightContext) -> list[Finding]:
     findings = []
     for path, key, model_id, revision in wanted:
         try:
-            ctx.model_dirs[model_id] = resolve_model_dir(model_id, ctx.loaded.base_dir, revision, key=key)
+            ctx.model_dirs[model_id] = resolve_model_dir(model_id, ctx.loaded.base_dir, revision, key=key,
+                                                         allow_outside=True)  # SPD112 reports where it is
         except SpdflowError as exc:
             ctx.model_dirs[model_id] = None
             findings.append(ctx.finding(path, "SPD111", exc.message, exc.hint))
@@ -106,6 +109,8 @@ def read_prompt_source(ctx: PreflightContext) -> tuple[PromptSource | None, list
                             ("workload", "prompts"), len(prompts)), []
     if workload.file is not None:
         path = ctx.loaded.base_dir / workload.file
+        if outside_recipe(path, ctx.loaded.base_dir) is not None and not ctx.loaded.allow_outside_paths:
+            return None, []  # never read: SPD112 reports it
         try:
             lines = read_prompt_file_lines(path)
         except SpdflowError as exc:
@@ -198,7 +203,34 @@ def check_backend(ctx: PreflightContext) -> list[Finding]:
     return rule_backend_available(ctx.loaded, ctx.pm)
 
 
+def check_paths(ctx: PreflightContext) -> list[Finding]:
+    """SPD112 (warning): a local path of the recipe resolves outside the recipe's folder.
+
+    ``spdflow run`` refuses such a recipe unless ``--allow-outside-paths``; lint warns so a
+    reviewer sees a recipe that would read files from elsewhere (e.g. secrets in CI)."""
+    from spdflow import zoo
+
+    recipe, base = ctx.loaded.recipe, ctx.loaded.base_dir
+    named = [(("model", "id"), "model.id", recipe.model.id)]
+    named += [(("proposer", "with", "model"), "proposer.with.model", model_id)
+              for model_id, _ in proposer_model_ids(ctx.loaded)]
+    named = [(path, key, value, True) for path, key, value in named]
+    if recipe.workload.file is not None:
+        named.append((("workload", "file"), "workload.file", str(recipe.workload.file), False))
+    findings = []
+    for path, key, value, is_model in named:
+        if is_model and (value.startswith(zoo.PREFIX) or not (base / Path(value).expanduser()).is_dir()):
+            continue  # embedded, or a hub id in the local HF cache: not a path of the recipe
+        outside = outside_recipe(base / Path(value).expanduser(), base)
+        if outside is not None:
+            findings.append(ctx.finding(path, "SPD112", f"{key} '{value}' resolves to '{outside}', outside the recipe's folder",
+                                        f"spdflow run refuses it unless {ALLOW_FLAG}; keep the files a recipe reads "
+                                        "inside its folder", severity="warning"))
+    return findings
+
+
 CHECKS: list[Callable[[PreflightContext], list[Finding]]] = [
+    check_paths,
     check_models,
     check_prompts,
     check_shape_coverage,

@@ -10,12 +10,16 @@ from spdflow.recipe.schema import WorkloadSpec
 MAX_PROMPT_FILE_BYTES = 16 * 1024 * 1024
 
 
-def load_prompts(workload: WorkloadSpec, base_dir: Path, pm) -> list[str]:
-    """The workload's prompt texts, at most ``workload.count`` of them."""
+def load_prompts(workload: WorkloadSpec, base_dir: Path, pm, *, allow_outside: bool = False) -> list[str]:
+    """The workload's prompt texts, at most ``workload.count`` of them. ``workload.file`` must lie
+    inside ``base_dir`` (the recipe's folder) unless ``allow_outside``."""
+    from spdflow.recipe.paths import confine
+
     if workload.prompts is not None:
         prompts = list(workload.prompts)
     elif workload.file is not None:
-        prompts = read_prompt_file(base_dir / workload.file)
+        prompts = read_prompt_file(confine(base_dir / workload.file, base_dir, key=f"workload.file '{workload.file}'",
+                                           allow_outside=allow_outside))
     else:
         registration = pm.lookup("workload", workload.builtin)
         prompts = list(registration.factory(workload.count, workload.seed))

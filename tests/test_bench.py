@@ -46,7 +46,7 @@ def tiny_rows(tiny_recipe):
     from spdflow.plugins import get_plugin_manager
 
     pm = get_plugin_manager()
-    loaded = load_recipe(tiny_recipe, pm)
+    loaded = load_recipe(tiny_recipe, pm, allow_outside_paths=True)
     order = []
     original = bench.BatchBench.run
 

@@ -59,7 +59,7 @@ def write(tmp_path, target, out, proposer=None, config=None, ks=(0, 4), batching
 
 
 def run(pm, path, **options):
-    engine = Engine(pm, load_recipe(path, pm), RunOptions(**options))
+    engine = Engine(pm, load_recipe(path, pm, allow_outside_paths=True), RunOptions(**options))  # models elsewhere
     return engine.run()
 
 
@@ -337,7 +337,7 @@ def test_step_costs_touch_only_the_reserved_kv_slot_and_are_measured_once(pm, tm
     from spdflow.engine.generate import measure_step_costs
 
     path = write(tmp_path, models[0], out_root / "costs", "prompt_lookup", {}, [0, 2])
-    engine = Engine(pm, load_recipe(path, pm), RunOptions())
+    engine = Engine(pm, load_recipe(path, pm, allow_outside_paths=True), RunOptions())
     program, info = engine.build_model(engine.recipe.model, "target", [0, 2], engine.recipe.devices)
     session = engine.open_session(program)
     try:

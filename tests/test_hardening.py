@@ -79,7 +79,7 @@ def _files(root: Path) -> set[Path]:
 @pytest.fixture
 def home(tiny_home, tmp_path, monkeypatch) -> Path:
     """This test's folder: the tiny model, a copy of the export cache, and the cwd set to it."""
-    (tmp_path / "tiny").symlink_to(tiny_home / "tiny")
+    shutil.copytree(tiny_home / "tiny", tmp_path / "tiny")  # a symlink out of the folder would be refused
     shutil.copytree(tiny_home / "out" / "export", tmp_path / "out" / "export")
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -382,6 +382,70 @@ def test_paths_in_a_recipe_are_relative_to_the_recipe_file(tmp_path, pm, monkeyp
     from spdflow.models import resolve_model_dir
 
     assert resolve_model_dir("model", loaded.base_dir) == (recipe_dir / "model").resolve()
+
+
+@pytest.fixture
+def secret(tmp_path_factory) -> Path:
+    """A file outside the recipe's folder (a sibling folder) that a hostile recipe would like to read."""
+    path = tmp_path_factory.mktemp("secrets") / "token.txt"
+    path.write_text("SECRET-VALUE-1234\n")
+    return path
+
+
+def _hostile(home: Path, **paths: str) -> str:
+    text = recipe_text()
+    if "file" in paths:
+        text = text.replace('  prompts: ["def f(x): return x"]', f"  file: {paths['file']}")
+    if "model" in paths:
+        text = text.replace("  id: tiny", f"  id: {paths['model']}")
+    return text
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative", "symlink"])
+def test_a_recipe_cannot_read_a_file_outside_its_folder(home, secret, how):
+    if how == "symlink":
+        (home / "innocent.txt").symlink_to(secret)
+    file = {"absolute": str(secret), "relative": f"../{secret.parent.name}/{secret.name}", "symlink": "innocent.txt"}[how]
+    assert (home / file).resolve() == secret.resolve()
+    result = run(home, _hostile(home, file=file))
+    assert_one_sentence(result, 3, "the recipe reads files outside its folder")
+    assert "SPD112 workload.file" in result.stderr
+    out = home / "out"
+    assert not any("SECRET-VALUE" in p.read_text(errors="replace") for p in out.rglob("*.json*") if p.is_file())
+
+
+def test_a_model_dir_outside_the_recipe_folder_needs_the_flag(home, tiny_home):
+    outside = str(tiny_home / "tiny")
+    result = run(home, _hostile(home, model=outside))
+    assert_one_sentence(result, 3, "the recipe reads files outside its folder")
+    assert "SPD112 model.id" in result.stderr
+    assert run(home, _hostile(home, model=outside), "--allow-outside-paths").exit_code == 0
+
+
+def test_lint_warns_about_paths_outside_the_recipe_folder(home, secret):
+    path = home / "recipe.yaml"
+    path.write_text(_hostile(home, file=str(secret)))
+    result = CliRunner().invoke(cli, ["lint", str(path)])
+    assert result.exit_code == 0, result.output  # a warning
+    assert "SPD112 warning: workload.file" in result.output and "outside the recipe's folder" in result.output
+    assert CliRunner().invoke(cli, ["lint", "--strict", str(path)]).exit_code == 1
+
+
+def test_the_flag_lets_a_trusted_recipe_read_outside(home, secret):
+    result = run(home, _hostile(home, file=str(secret)), "--allow-outside-paths")
+    assert result.exit_code == 0, result.output
+
+
+def test_library_calls_are_confined_by_default(tmp_path, secret, pm):
+    from spdflow.recipe.paths import PathOutsideRecipeError
+
+    path = tmp_path / "r" / "r.yaml"
+    path.parent.mkdir()
+    path.write_text(f"version: 1\nname: x\nmodel: {{id: spdflow:tinycode-target}}\nworkload: {{file: {secret}}}\n")
+    loaded = read_recipe(path, pm)
+    with pytest.raises(PathOutsideRecipeError):
+        load_prompts(loaded.recipe.workload, loaded.base_dir, pm)
+    assert load_prompts(loaded.recipe.workload, loaded.base_dir, pm, allow_outside=True) == ["SECRET-VALUE-1234"]
 
 
 def test_prompt_file_over_the_size_limit_is_refused_before_reading(tmp_path):

@@ -234,7 +234,8 @@ class Engine:
 
         cb = self.recipe.specialization.full_batch_size is not None
         model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision,
-                                      key="model.id" if role == "target" else "proposer.with.model")
+                                      key="model.id" if role == "target" else "proposer.with.model",
+                                      allow_outside=self.loaded.allow_outside_paths)
         key = export_key(self.pm, model, model_dir, role, cb, outputs)
         target = self.export_root() / f"{role}-{key[:16]}"
         with cache.build_lock(target):  # runs sharing a cache dir export each model once
@@ -438,7 +439,8 @@ class Engine:
         stage, start = self._begin("generate")
         try:
             tokenizer = load_tokenizer(info)
-            prompts = load_prompts(recipe.workload, self.loaded.base_dir, self.pm)
+            prompts = load_prompts(recipe.workload, self.loaded.base_dir, self.pm,
+                                   allow_outside=self.loaded.allow_outside_paths)
             requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
                                 recipe.workload.max_new_tokens, recipe.workload.seed) for i, text in enumerate(prompts)]
             check_prompts(requests, recipe.specialization.ctx_len)
@@ -537,8 +539,15 @@ class Engine:
 
         findings = preflight(self.loaded, self.pm)
         for finding in findings:
-            if finding.severity == "warning" and finding.code != "SPD104":
+            if finding.severity == "warning" and finding.code not in ("SPD104", "SPD112"):
                 self.ui.warn(f"{finding.location.render()}: {finding.code} {finding.message}")
+        outside = [f for f in findings if f.code == "SPD112"]
+        if outside and not self.loaded.allow_outside_paths:  # lint warns; run refuses
+            from spdflow.recipe.paths import ALLOW_FLAG, PathOutsideRecipeError
+
+            raise PathOutsideRecipeError(f"the recipe reads files outside its folder ({len(outside)})", findings=outside,
+                                         hint=f"keep them inside the recipe's folder, or pass {ALLOW_FLAG} "
+                                              "if you trust this recipe")
         blockers = run_blockers(findings, compile_only=self.options.compile_only)
         if blockers:
             count = f"{len(blockers)} problem{'s' if len(blockers) > 1 else ''}"

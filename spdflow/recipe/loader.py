@@ -32,6 +32,8 @@ class LoadedRecipe:
     #: the folder relative paths in the recipe resolve against, when it is not the file's own
     #: (a sweep point's recipe resolves against its base recipe's folder)
     root: Path | None = None
+    #: read files outside the recipe's folder (``--allow-outside-paths``; see spdflow.recipe.paths)
+    allow_outside_paths: bool = False
 
     @property
     def errors(self) -> list[Finding]:
@@ -386,9 +388,13 @@ def _unreadable(path: Path, message: str, hint: str | None) -> LoadedRecipe:
     return LoadedRecipe(None, path, None, findings=[Finding(Location(str(path)), "SPD000", message, hint)])
 
 
-def load_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: Path | None = None) -> LoadedRecipe:
-    """Like read_recipe, but a recipe with any error raises one RecipeError with all findings."""
+def load_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: Path | None = None, *,
+                allow_outside_paths: bool = False) -> LoadedRecipe:
+    """Like read_recipe, but a recipe with any error raises one RecipeError with all findings.
+
+    ``allow_outside_paths`` lets the recipe read files outside its folder (see spdflow.recipe.paths)."""
     loaded = read_recipe(path, pm, overrides, root)
+    loaded.allow_outside_paths = allow_outside_paths
     errors = loaded.errors
     if errors:
         require_plugin_names(loaded, pm)

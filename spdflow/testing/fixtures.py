@@ -68,7 +68,8 @@ def run_in_process(pm, recipe_path: Path, *, check_lossless: bool = True):
     from spdflow.engine.run import Engine, RunOptions
     from spdflow.recipe.loader import load_recipe
 
-    loaded = load_recipe(recipe_path, pm)
+    # These helpers write their own recipes next to models made elsewhere: trusted paths.
+    loaded = load_recipe(recipe_path, pm, allow_outside_paths=True)
     return Engine(pm, loaded, RunOptions(check_lossless=check_lossless)).run()
 
 
@@ -102,7 +103,7 @@ def build_tiny_program(model_dir: Path, work_dir: Path, k_list: Iterable[int] = 
 
     pm = fresh_plugin_manager()
     path = write_recipe(work_dir / "tiny_program.yaml", tiny_recipe(model_dir, work_dir / "run", k_list=k_list))
-    engine = Engine(pm, load_recipe(path, pm), RunOptions())
+    engine = Engine(pm, load_recipe(path, pm, allow_outside_paths=True), RunOptions())
     recipe = engine.recipe
     program, info = engine.build_model(recipe.model, "target", recipe.k_list(), recipe.devices)
     return TinyProgram(Path(model_dir), engine.run_dir, program, info, recipe.k_list(), pm, engine)
