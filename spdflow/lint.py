@@ -17,7 +17,8 @@ from typing import Callable
 
 from spdflow.plugins import required_ks
 from spdflow.preflight import preflight
-from spdflow.recipe.loader import LoadedRecipe, read_recipe
+from spdflow.recipe.loader import LoadedRecipe, read_recipe, read_regular_text
+from spdflow.recipe.yamlsource import MAX_BYTES
 from spdflow.recipe.yamlsource import Finding, Location
 from spdflow.sweep.spec import is_sweep_document, read_sweep
 
@@ -201,9 +202,8 @@ def looks_like_recipe(path: Path) -> bool:
     from spdflow.recipe.schema import Recipe
 
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(65536).decode("utf-8", "replace")
-    except OSError:
+        head = read_regular_text(path, limit=65536)
+    except (OSError, UnicodeDecodeError):
         return False
     keys = set(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*)[ \t]*:", head, flags=re.MULTILINE))
     known = {info.alias or name for name, info in Recipe.model_fields.items()}
@@ -375,7 +375,7 @@ def lint_paths(patterns: list[str], pm, overrides: list[str] | None = None, opti
                     findings += rule(loaded, pm)
                 findings += preflight(loaded, pm)
         try:
-            noqa = noqa_codes(path.read_text(encoding="utf-8"))
+            noqa = noqa_codes(read_regular_text(path, limit=MAX_BYTES))  # never a FIFO or /dev/zero
         except (OSError, UnicodeDecodeError):
             noqa = ({}, set())
         # noqa comments speak for their own file's lines, not for --set overrides

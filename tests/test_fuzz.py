@@ -249,3 +249,38 @@ def test_fuzz_cli_lint_and_dry_run_answer_in_one_sentence(text, workdir):
         assert "Traceback" not in result.output
         if result.exit_code == 3:
             assert re.search(r"SPD0\d\d", result.output)
+
+
+# ------------------------------------------------------------------------------- strict types
+
+#: integer fields of the recipe (dotted --set paths) and values that only loose coercion would take
+INT_FIELDS = ["specialization.batch_size", "specialization.ctx_len", "specialization.prefill_seq_len",
+              "workload.count", "workload.max_new_tokens", "workload.seed", "workload.top_k", "num_speculative_tokens"]
+LOOSE_INTS = st.one_of(st.booleans(), st.integers(1, 64).map(float), st.integers(1, 64).map(str),
+                       st.lists(st.one_of(st.booleans(), st.integers(0, 8).map(str)), min_size=1, max_size=3))
+
+
+@settings(FUZZ, max_examples=120)
+@given(field=st.sampled_from(INT_FIELDS), value=LOOSE_INTS)
+def test_fuzz_no_bool_str_or_float_becomes_an_int(field, value, workdir):
+    import json as _json
+
+    path = workdir / "strict.yaml"
+    if not path.exists():
+        path.write_text((REPO / "recipes" / "tinycode_varK.yaml").read_text())
+    if field != "num_speculative_tokens" and isinstance(value, list):
+        value = value[0]
+    loaded = read_recipe(path, pm(), [f"{field}={_json.dumps(value)}"])
+    assert loaded.errors, (field, value)
+    assert {f.code for f in loaded.errors} <= {"SPD012", "SPD014", "SPD015"}, [f.render() for f in loaded.errors]
+
+
+@settings(FUZZ, max_examples=80)
+@given(word=st.sampled_from(["yes", "no", "on", "off", "y", "n", "Yes", "ON", "1:30", "12:00:01", "0o17", "010"]))
+def test_fuzz_yaml_11_words_are_never_booleans_or_sexagesimal(word):
+    from spdflow.recipe.yamlsource import parse_yaml
+
+    value = parse_yaml(f"v: {word}", "x").data["v"]
+    assert not isinstance(value, bool)
+    if ":" in word or word.isalpha():
+        assert value == word

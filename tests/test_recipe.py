@@ -137,3 +137,79 @@ def test_every_schema_field_has_a_description():
         if isinstance(model, type) and issubclass(model, BaseModel) and model is not BaseModel and model.model_fields:
             for name, info in model.model_fields.items():
                 assert info.description, f"{model.__name__}.{name} has no description"
+
+
+# ------------------------------------------------------------------------------- strict input
+
+
+LOOSE = [
+    # (--set override, the path named in the SPD012 finding)
+    ("version=true", "version"),
+    ("specialization.batch_size=true", "specialization.batch_size"),
+    ("specialization.batch_size=1.0", "specialization.batch_size"),
+    ("num_speculative_tokens=['1','2']", "num_speculative_tokens.0"),
+    ("num_speculative_tokens=[true]", "num_speculative_tokens.0"),
+    ("workload.max_new_tokens='8'", "workload.max_new_tokens"),
+    ("workload.ignore_eos=1", "workload.ignore_eos"),
+    ("proposer.with.prompt_lookup_max=true", "proposer.with.prompt_lookup_max"),
+]
+
+
+@pytest.mark.parametrize("override,where", LOOSE, ids=[o for o, _ in LOOSE])
+def test_no_loose_coercion_of_bools_strings_or_floats(write_recipe, pm, override, where):
+    loaded = read_recipe(write_recipe(), pm, [override])
+    assert [f.code for f in loaded.errors] and {f.code for f in loaded.errors} <= {"SPD012", "SPD014"}, loaded.findings
+    assert any(f.message.startswith(where) for f in loaded.errors), [f.message for f in loaded.errors]
+
+
+YAML12 = [
+    # (YAML value of workload.prompts[0], the string it must stay)
+    ("yes", "yes"), ("on", "on"), ("No", "No"), ("y", "y"), ("1:30", "1:30"), ("2024-01-01", "2024-01-01"),
+]
+
+
+@pytest.mark.parametrize("text,expected", YAML12, ids=[t for t, _ in YAML12])
+def test_yaml_12_core_scalars_keep_yes_on_and_sexagesimal_as_strings(write_recipe, pm, text, expected):
+    loaded = load_recipe(write_recipe(MINIMAL.replace('prompts: ["def f(x):"]', f"prompts: [{text}]")), pm)
+    assert loaded.recipe.workload.prompts == [expected]
+
+
+def test_yaml_12_core_numbers(write_recipe, pm):
+    from spdflow.recipe.yamlsource import parse_yaml
+
+    data = parse_yaml("a: 010\nb: 0o17\nc: 0x1F\nd: 1e3\ne: true\nf: ~\ng: 1_000\n", "x").data
+    assert data == {"a": 10, "b": 15, "c": 31, "d": 1000.0, "e": True, "f": None, "g": "1_000"}
+    loaded = read_recipe(write_recipe(MINIMAL.replace("max_new_tokens: 8", "max_new_tokens: 1:30")), pm)
+    assert any(f.code == "SPD012" and "max_new_tokens" in f.message for f in loaded.errors)  # not 90
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_recipe_that_is_not_a_regular_file_is_refused_without_hanging(tmp_path, pm, kind):
+    import os
+    import time
+
+    path = {"fifo": tmp_path / "r.yaml", "device": __import__("pathlib").Path("/dev/zero"), "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    started = time.monotonic()
+    loaded = read_recipe(path, pm)
+    assert time.monotonic() - started < 5
+    assert loaded.findings[0].code == "SPD000"
+    assert {"fifo": "is a FIFO", "device": "is a device", "directory": "is a directory"}[kind] in loaded.findings[0].message
+
+
+def test_lint_of_a_fifo_answers_at_once(tmp_path, pm):
+    import os
+
+    from spdflow.lint import lint_paths
+
+    os.mkfifo(tmp_path / "r.yaml")
+    result = lint_paths([str(tmp_path / "r.yaml")], pm)
+    assert result.exit_code(strict=False) == 3 and "is a FIFO" in result.findings[0].message
+
+
+def test_set_into_an_absent_section_merges_with_its_defaults(write_recipe, pm):
+    text = "version: 1\nname: t\nmodel: {id: spdflow:tinycode-target}\n"
+    loaded = load_recipe(write_recipe(text), pm, ["workload.max_new_tokens=8", "specialization.ctx_len=256"])
+    assert loaded.recipe.workload.builtin == "code" and loaded.recipe.workload.max_new_tokens == 8
+    assert loaded.recipe.specialization.ctx_len == 256 and loaded.recipe.specialization.prefill_seq_len == 32

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from spdflow.errors import PluginError, RecipeError, UsageError
 from spdflow.recipe import checks
 from spdflow.recipe.schema import DevicesSpec, Recipe
-from spdflow.recipe.yamlsource import Finding, Location, YamlDocument, YamlProblem, parse_yaml
+from spdflow.recipe.yamlsource import MAX_BYTES, Finding, Location, YamlDocument, YamlProblem, parse_yaml
 
 
 @dataclass
@@ -57,6 +57,24 @@ def parse_override(expr: str) -> tuple[tuple[str, ...], Any]:
     return tuple(key.strip().split(".")), value
 
 
+def default_section(keys: tuple[str, ...]) -> dict:
+    """The default value of the recipe section at ``keys`` as plain data ({} when it has none)."""
+    model: Any = Recipe
+    value: Any = None
+    for key in keys:
+        fields = getattr(model, "model_fields", None)
+        if not fields:
+            return {}
+        field_info = next((f for name, f in fields.items() if (f.alias or name) == key), None)
+        if field_info is None:
+            return {}
+        value = field_info.get_default(call_default_factory=True)
+        model = type(value) if isinstance(value, BaseModel) else field_info.annotation
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def apply_overrides(document: YamlDocument, overrides: list[str]) -> None:
     """Apply --set overrides in order; their values get the override as their location."""
     if not isinstance(document.data, dict):
@@ -75,10 +93,12 @@ def set_value(document: YamlDocument, keys: tuple[str, ...], value: Any, locatio
     and ``located_at`` the value's path in it.
     """
     node = document.data
-    for key in keys[:-1]:
+    for depth, key in enumerate(keys[:-1]):
         child = node.get(key)
         if not isinstance(child, dict):
-            child = {}
+            # An absent section starts from its defaults, as if the recipe had left it out:
+            # --set workload.max_new_tokens=8 keeps the default prompts.
+            child = default_section(keys[: depth + 1]) if key not in node else {}
             node[key] = child
         node = child
     node[keys[-1]] = value
@@ -265,8 +285,13 @@ def validate_document(document: YamlDocument, pm, path: Path, root: Path | None 
                                        "start from recipes/tinycode_varK.yaml"))
         return loaded
     loaded.findings.extend(check_names(document, pm))
+    if isinstance(data.get("version"), bool):  # Literal[1] would take True (True == 1)
+        loaded.findings.append(Finding(document.location(("version",)), "SPD012",
+                                       f"version: input should be 1, not the boolean {data['version']}", "write version: 1"))
+        return loaded
     try:
-        recipe = Recipe.model_validate(data)
+        # strict: no bool -> int, str -> int or float -> int coercion (``batch_size: true`` is an error)
+        recipe = Recipe.model_validate(data, strict=True)
     except ValidationError as exc:
         loaded.findings.extend(pydantic_findings(exc, document, (), Recipe, moved_keys(data, pm)))
         return loaded
@@ -336,7 +361,7 @@ def validate_plugin_config(recipe: Recipe, kind: str, document: YamlDocument, pm
                                     f"remove {'.'.join(prefix)}"))
         return None
     try:
-        return registration.config.model_validate(section.with_)
+        return registration.config.model_validate(section.with_, strict=True)
     except ValidationError as exc:
         findings.extend(pydantic_findings(exc, document, prefix, registration.config))
         return None
@@ -367,7 +392,9 @@ def read_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: 
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, limit=MAX_BYTES)
+    except NotARegularFileError as exc:
+        return _unreadable(path, str(exc), "a recipe is a regular .yaml file")
     except FileNotFoundError:
         return _unreadable(path, f"no such file '{path}'", "check the path")
     except IsADirectoryError:
@@ -382,6 +409,30 @@ def read_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: 
         return LoadedRecipe(None, path, None, findings=[exc.finding])
     apply_overrides(document, overrides or [])
     return validate_document(document, pm, path, root)
+
+
+class NotARegularFileError(OSError):
+    """The path is a FIFO, a device or a socket: reading it could block forever."""
+
+
+def read_regular_text(path: Path, limit: int | None = None) -> str:
+    """The UTF-8 text of a regular file. A FIFO, device or socket is refused without blocking
+    (opened non-blocking, checked with fstat before any read)."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(str(path))
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise NotARegularFileError(f"'{path}' is {kind}, not a regular file")
+        data = handle.read() if limit is None else handle.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        return data.decode("utf-8", "replace")  # oversized: the caller reports the size, not the encoding
+    return data.decode("utf-8")
 
 
 def _unreadable(path: Path, message: str, hint: str | None) -> LoadedRecipe:

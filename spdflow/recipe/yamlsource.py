@@ -1,6 +1,7 @@
 """Safe YAML with positions: plain data plus the line and column of every key and value.
 
-Only the YAML core types are built (mappings, sequences, strings, numbers, booleans, null);
+Only the YAML 1.2 core types are built (mappings, sequences, strings, numbers, booleans, null;
+plain scalars resolved by the 1.2 core schema, so ``yes`` and ``1:30`` are strings);
 any other tag is an error, so a recipe can never construct Python objects. Duplicate keys,
 merge keys and oversized or too deeply nested documents (alias bombs included) are errors
 too. Every problem becomes a ``Finding`` so the caller can report all of them at once.
@@ -24,6 +25,41 @@ _SCALAR_TAGS = {
     "tag:yaml.org,2002:null",
     "tag:yaml.org,2002:timestamp",
 }
+
+
+class _CoreLoader(yaml.SafeLoader):
+    """SafeLoader with the YAML 1.2 core schema's plain scalars instead of YAML 1.1's: only
+    true/false are booleans (``yes``, ``on``, ``y`` are strings), ``1:30`` is a string (not the
+    sexagesimal 90), ``010`` is ten, ``0o17`` and ``0x1F`` are ints, ``1e3`` is a float."""
+
+
+_CoreLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in (
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+    ("tag:yaml.org,2002:float",
+     r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+     list("-+.0123456789")),
+):
+    _CoreLoader.add_implicit_resolver(_tag, __import__("re").compile(_pattern), _first)
+
+
+def _core_int(text: str) -> int:
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    if text.startswith("0x"):
+        return int(text[2:], 16)
+    return int(text, 10)
+
+
+def _core_float(text: str) -> float:
+    lowered = text.lower()
+    if lowered in (".nan",):
+        return float("nan")
+    if lowered.lstrip("+-") == ".inf":
+        return float("-inf") if text.startswith("-") else float("inf")
+    return float(text)
 
 
 @dataclass(frozen=True)
@@ -81,7 +117,7 @@ class _Builder:
         self.positions: dict[Path_, Location] = {}
         self.key_positions: dict[Path_, Location] = {}
         self.nodes = 0
-        self.constructor = yaml.SafeLoader("")  # only for its scalar resolution
+        self.constructor = _CoreLoader("")  # only for its scalar construction
 
     def loc(self, node: yaml.Node) -> Location:
         return Location(self.source, node.start_mark.line + 1, node.start_mark.column + 1)
@@ -131,6 +167,10 @@ class _Builder:
         if node.tag == "tag:yaml.org,2002:timestamp":
             return node.value  # a date is just text to a recipe
         try:
+            if node.tag == "tag:yaml.org,2002:int":
+                return _core_int(node.value)
+            if node.tag == "tag:yaml.org,2002:float":
+                return _core_float(node.value)
             return self.constructor.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             self.fail(node, "SPD001", f"cannot read the value '{node.value[:40]}': {exc}")
@@ -186,7 +226,7 @@ def parse_yaml(text: str, source: str) -> YamlDocument:
     builder = _Builder(source)
     try:
         _check_depth(text, source)
-        loader = yaml.SafeLoader(text)
+        loader = _CoreLoader(text)
         try:
             node = loader.get_single_node()
         finally:
