@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Session
+from spdflow.engine import cache
 from spdflow.engine.cache import build_lock
 from spdflow.errors import BackendUnavailableError, StageError
 from spdflow.qpc import short_hash, write_text_atomic
@@ -415,6 +416,22 @@ def _failure_message(plan: CompilePlan, returncode: int, stderr: str, log_path: 
     )
 
 
+def program_problem(qpc_dir: Path, *, verify: bool = False) -> str | None:
+    """Why a compiled program cannot be reused, or None. Its done marker (written after a
+    successful compile) must match its files; a program compiled elsewhere by compile.sh has no
+    marker yet and is adopted: the marker is written now, so later damage is seen."""
+    marker, why = cache.read_done(qpc_dir, verify=verify)
+    if marker is not None:
+        return None if f"qpc/{PROGRAM_MARKER}" in marker["files"] else f"qpc/{PROGRAM_MARKER} is not in its done marker"
+    if (qpc_dir / cache.DONE_MARKER).exists():
+        return why
+    try:
+        cache.write_done(qpc_dir)
+    except OSError:
+        pass  # a read-only program dir is used as it is
+    return None
+
+
 # ------------------------------------------------------------------------------ backend
 
 
@@ -441,8 +458,12 @@ class QaicBackend(Backend):
 
     def _compile(self, request: CompileRequest, plan: CompilePlan) -> CompiledProgram:
         if plan.marker.is_file() and not request.force:
-            return self._program(request, plan, cached=True,
-                                 reason=f"qpc-{plan.key}/qpc/{PROGRAM_MARKER} exists")
+            problem = program_problem(plan.qpc_dir, verify=request.verify)
+            if problem is None:
+                return self._program(request, plan, cached=True,
+                                     reason=f"qpc-{plan.key}/qpc/{PROGRAM_MARKER} exists and matches its done marker")
+            request.warn(f"program qpc-{plan.key} is not trusted ({problem}); rebuilding")
+            shutil.rmtree(plan.qpc_dir / "qpc", ignore_errors=True)
         available = compiler_available(plan.compiler)
         if not available and not request.compile_only:
             raise BackendUnavailableError(
@@ -457,6 +478,7 @@ class QaicBackend(Backend):
         request.progress(f"compiling qpc-{plan.key} with {plan.compiler.name}")
         started = time.monotonic()
         run_compiler(plan)
+        cache.write_done(plan.qpc_dir, {"key": plan.key})
         why = "forced rebuild" if request.force else "no compiled program for this key"
         return self._program(request, plan, cached=False,
                              reason=f"{why}; compiled in {time.monotonic() - started:.1f} s")

@@ -1,6 +1,8 @@
 """Contract tests of the qaic backend (DESIGN §4) with a recording fake qaic-compile."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import shutil
@@ -210,6 +212,7 @@ def test_second_compile_is_a_cache_hit_without_running_the_compiler(record, onnx
     first = QaicBackend().compile(make_request(onnx))
     second = QaicBackend().compile(make_request(onnx))
     assert second.cached and second.qpc_dir == first.qpc_dir and "programqpc.bin exists" in second.reason
+    assert "matches its done marker" in second.reason
     assert len(record()) == 1
 
 
@@ -220,6 +223,26 @@ def test_missing_programqpc_bin_rebuilds(record, onnx):
     again = QaicBackend().compile(make_request(onnx))
     assert not again.cached and len(record()) == 2
     assert not (again.qpc_dir / "qpc" / "partial.bin").exists()
+
+
+def test_a_damaged_program_is_a_warning_and_a_recompile(record, onnx):
+    warnings = []
+    first = QaicBackend().compile(make_request(onnx))
+    program = first.qpc_dir / "qpc" / "programqpc.bin"
+    program.write_bytes(b"\0" * (program.stat().st_size + 1))  # damaged after it was written
+    again = QaicBackend().compile(dataclasses.replace(make_request(onnx), warn=warnings.append))
+    assert not again.cached and len(record()) == 2
+    assert warnings and "'qpc/programqpc.bin' changed size" in warnings[0]
+    assert QaicBackend().compile(make_request(onnx)).cached  # the new program is trusted again
+
+
+def test_a_program_compiled_elsewhere_by_compile_sh_is_adopted(record, onnx):
+    from spdflow.engine import cache
+
+    first = QaicBackend().compile(make_request(onnx))
+    (first.qpc_dir / cache.DONE_MARKER).unlink()  # as compile.sh on a QAIC host leaves it
+    assert QaicBackend().compile(make_request(onnx)).cached and len(record()) == 1
+    assert cache.read_done(first.qpc_dir)[0] is not None
 
 
 def test_force_rebuilds_a_finished_program(record, onnx):
