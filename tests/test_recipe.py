@@ -213,3 +213,14 @@ def test_set_into_an_absent_section_merges_with_its_defaults(write_recipe, pm):
     loaded = load_recipe(write_recipe(text), pm, ["workload.max_new_tokens=8", "specialization.ctx_len=256"])
     assert loaded.recipe.workload.builtin == "code" and loaded.recipe.workload.max_new_tokens == 8
     assert loaded.recipe.specialization.ctx_len == 256 and loaded.recipe.specialization.prefill_seq_len == 32
+
+
+@pytest.mark.parametrize("override,where", [
+    ("devices.with.threads=1000000", "devices.with.threads"),  # ONNX Runtime would try to start them all
+    ("devices.device_ids=[-1]", "devices.device_ids.0"),
+    ("specialization.ctx_len=100000000000", "specialization.ctx_len"),
+    ("specialization.batch_size=1000000", "specialization.batch_size"),
+])
+def test_numbers_that_reach_the_os_are_bounded(write_recipe, pm, override, where):
+    loaded = read_recipe(write_recipe(), pm, [override])
+    assert any(f.code == "SPD014" and f.message.startswith(where) for f in loaded.errors), [f.render() for f in loaded.findings]

@@ -11,7 +11,8 @@ class OrtConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    threads: int | None = Field(None, ge=1, description="Intra-op threads (default: all cores).")
+    # Bounded: ONNX Runtime tries to start every thread it is asked for (1,000,000 hung the run).
+    threads: int | None = Field(None, ge=1, le=1024, description="Intra-op threads (default: all cores; at most 1024).")
     execution_provider: Literal["cpu", "cuda"] = Field(
         "cpu", description="CPU, or the CUDA execution provider when installed."
     )

@@ -47,12 +47,13 @@ class ProposerSpec(Strict):
 
 
 class SpecializationSpec(Strict):
-    prefill_seq_len: int = Field(32, ge=1, description="Tokens per prefill chunk (seq_len of the prefill shape).")
-    ctx_len: int = Field(512, ge=2, description="KV cache length: prompt + generated tokens must fit below it.")
-    batch_size: int = Field(1, ge=1, description="Requests per step (without continuous batching).")
+    prefill_seq_len: int = Field(32, ge=1, le=65536, description="Tokens per prefill chunk (seq_len of the prefill shape).")
+    ctx_len: int = Field(512, ge=2, le=1048576, description="KV cache length: prompt + generated tokens must fit below it.")
+    batch_size: int = Field(1, ge=1, le=4096, description="Requests per step (without continuous batching).")
     full_batch_size: int | None = Field(
         None,
         ge=1,
+        le=4096,
         description="Continuous batching: the number of KV slots requests join and leave. "
         "Prefill then runs at batch 1 and decode at full_batch_size.",
     )
@@ -63,7 +64,7 @@ class DevicesSpec(Strict):
         "onnxruntime", description="Registered backend (see `spdflow plugins`), e.g. onnxruntime "
         "(CPU reference) or qaic."
     )
-    device_ids: list[int] = Field(
+    device_ids: list[Annotated[int, Field(ge=0, le=4095)]] = Field(
         default_factory=lambda: [0],
         min_length=1,
         description="Device group. More than one device compiles one program over the group.",
