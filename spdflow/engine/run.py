@@ -344,7 +344,8 @@ class Engine:
         lines += ["    " + f"{s.kind:8} " + " ".join(f"{k}={v}" for k, v in s.symbols().items()) for s in shapes]
         cb = self.recipe.specialization.full_batch_size is not None
         try:
-            model_dir = resolve_model_dir(plan.model.id, self.loaded.base_dir, plan.model.revision)
+            model_dir = resolve_model_dir(plan.model.id, self.loaded.base_dir, plan.model.revision,
+                                          allow_outside=self.loaded.allow_outside_paths)
             outputs = self.target_outputs() if plan.role == "target" else ()
             key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs)
         except SpdflowError:
