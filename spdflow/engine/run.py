@@ -317,6 +317,7 @@ class Engine:
         stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command, "role": role,
                         "runnable": program.runnable}
         self._end(stage, start, "cached" if program.cached else "ran", program.reason)
+        self._rebuild[role] = lambda: self.compile(onnx, info, shapes, k_list, role, devices, model.dtype, force=True)
         return program, info
 
     def programs(self) -> list[ProgramPlan]:
@@ -388,14 +389,6 @@ class Engine:
         if config is None and registration.config is not None:
             config = registration.config.model_validate(self.recipe.proposer.with_)
         return config
-
-    def open_session(self, program: CompiledProgram):
-        if record:
-            stage.cache_key = program.key
-            stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command}
-            self._end(stage, start, "cached" if program.cached else "ran", program.reason)
-        self._rebuild[role] = lambda: self.compile(onnx, info, shapes, k_list, role, devices, model.dtype, force=True)
-        return program, info
 
     def open_session(self, program: CompiledProgram, role: str | None = None):
         """A session on ``program``. A cached program that fails to load is hashed in full;
