@@ -493,12 +493,17 @@ class CostModel:
     ``verify_s(batch, k)`` is the steady time of one verify run with ``batch`` rows and K
     proposals (seq_len K+1) when the previous step used the same K; ``switch_s(batch)`` the extra
     time of the first step after a change of K; ``prefill_s(batch, seq_len)`` one prefill chunk
-    (None: take the run's own measured prefill). Proposer and host time are not priced here:
-    the replay measures them, since they run on the host either way. ``describe()`` says where
+    (None: take the run's own measured prefill). Proposer and host time are not priced here
+    unless ``includes_host``: the replay measures them, since they run on the host either way.
+    ``describe()`` says where
     every number comes from; it is printed with every prediction.
     """
 
     name: str = ""
+    #: True when ``verify_s`` is the whole step, host and proposer included (e.g. an overhead
+    #: fitted on an end-to-end time per token): the replay then runs on priced time alone
+    #: instead of adding the host and proposer time it measures on this machine.
+    includes_host: bool = False
 
     def verify_s(self, batch: int, k: int) -> float:
         raise NotImplementedError

@@ -82,6 +82,8 @@ def cli(verbose: bool) -> None:
       spdflow whatif runs/tinycode-varK --k-list 0,4 --batch-size 8
                                                  replay a run under another K-list, policy, batch
       spdflow sweep recipes/sweeps/tinycode_klists.yaml   a matrix of recipes, one report
+      spdflow advise runs/tinycode-varK --max-shapes 2
+                                                 rank K-lists to compile, from replays
       spdflow plugins                            installed plugins, hooks and names
 
     Exit codes: 0 ok, 1 run failure or lint findings, 2 usage, 3 invalid recipe,
@@ -232,10 +234,11 @@ def plugins(fmt):
 
 
 from spdflow.bench_cli import bench  # noqa: E402  (a command module, kept apart from this file)
-from spdflow.whatif_cli import whatif  # noqa: E402
+from spdflow.whatif_cli import advise, whatif  # noqa: E402
 
 cli.add_command(bench)
 cli.add_command(whatif)
+cli.add_command(advise)
 
 from spdflow.sweep_cli import sweep  # noqa: E402
 

@@ -72,29 +72,40 @@ def _time_runs(pm, session, shapes: Sequence[tuple[int, int, int]], pad_token_id
 
 
 def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, prefill_seq_len: int,
-                 continuous_batching: bool = False, repeats: int = 9, warmup: int = 3) -> GridEntry:
-    """Time every decode shape in ``ks`` (blocks of one K), the switch between the smallest and
-    the largest K (alternating), and the prefill shape, on an open session."""
+                 continuous_batching: bool = False, rounds: int = 5, repeats: int = 3, warmup: int = 2) -> GridEntry:
+    """Time every decode shape in ``ks``, the switch between the smallest and the largest K, and
+    the prefill shape, on an open session.
+
+    The machine may be shared, so the timing is spread out: each of ``rounds`` rounds times a
+    short block of every K (``warmup`` untimed runs, then ``repeats`` timed; the K order rotates
+    per round), then alternates the smallest and largest K, then one prefill. Each figure is the
+    median over rounds of the round's median, so a burst of load hits every shape alike.
+    """
     ks = sorted(set(ks))
     decode_index = np.arange(rows, dtype=np.int64).reshape(-1, 1) if continuous_batching else None
-    steady: dict[int, float] = {}
-    for k in ks:
-        shape = (rows, k + 1, k + 1)
-        times = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, decode_index)
-        steady[k] = statistics.median(times[warmup:])
-    switch = 0.0
-    lo, hi = ks[0], ks[-1]
-    if lo != hi:
-        pattern = [(rows, lo + 1, lo + 1), (rows, hi + 1, hi + 1)] * (warmup + repeats)
-        times = _time_runs(pm, session, pattern, pad_token_id, decode_index)[2 * warmup:]
-        after_hi, after_lo = times[0::2], times[1::2]  # K=lo right after hi, K=hi right after lo
-        switch = max(0.0, (statistics.median(after_hi) - steady[lo] + statistics.median(after_lo) - steady[hi]) / 2)
     prefill_rows = 1 if continuous_batching else rows
     prefill_index = np.zeros((1, 1), dtype=np.int64) if continuous_batching else None
-    shape = (prefill_rows, prefill_seq_len, 1)
-    times = _time_runs(pm, session, [shape] * (1 + max(3, repeats // 2)), pad_token_id, prefill_index)
-    return GridEntry(rows, steady, switch, statistics.median(times[1:]), prefill_seq_len, repeats,
-                     datetime.now(timezone.utc).isoformat(timespec="seconds"), list(_load()))
+    prefill_shape = (prefill_rows, prefill_seq_len, 1)
+    lo, hi = ks[0], ks[-1]
+    steady: dict[int, list[float]] = {k: [] for k in ks}
+    switch: list[float] = []
+    prefill: list[float] = []
+    for round_ in range(rounds):
+        order = ks[round_ % len(ks):] + ks[: round_ % len(ks)]
+        for k in order:
+            shape = (rows, k + 1, k + 1)
+            times = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, decode_index)
+            steady[k].append(statistics.median(times[warmup:]))
+        if lo != hi:
+            pattern = [(rows, lo + 1, lo + 1), (rows, hi + 1, hi + 1)] * (1 + repeats)
+            times = _time_runs(pm, session, pattern, pad_token_id, decode_index)[2:]
+            after_hi, after_lo = times[0::2], times[1::2]  # K=lo right after hi, K=hi right after lo
+            switch.append((statistics.median(after_hi) - steady[lo][-1] + statistics.median(after_lo) - steady[hi][-1]) / 2)
+        prefill.append(_time_runs(pm, session, [prefill_shape] * 2, pad_token_id, prefill_index)[1])
+    return GridEntry(rows, {k: statistics.median(v) for k, v in steady.items()},
+                     max(0.0, statistics.median(switch)) if switch else 0.0, statistics.median(prefill),
+                     prefill_seq_len, rounds * repeats, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     list(_load()))
 
 
 def _load() -> tuple[float, ...]:

@@ -164,12 +164,16 @@ class ReplayClock:
     price. Host work between two runs with no reading between them (prefill chunks) stays real.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, priced_only: bool = False) -> None:
         self.offset = 0.0
         self._last_real = time.perf_counter()
         self._after_run = False
+        #: only priced time passes (a cost model whose step times include the host's work)
+        self.priced_only = priced_only
 
     def __call__(self) -> float:
+        if self.priced_only:
+            return self.offset
         now = time.perf_counter()
         if self._after_run:  # drop the dispatch time since the run ended
             self.offset -= now - self._last_real
@@ -179,6 +183,9 @@ class ReplayClock:
 
     def priced(self, seconds: float) -> None:
         """A run just ended and costs ``seconds``: replace the real time since the last event."""
+        if self.priced_only:
+            self.offset += seconds
+            return
         now = time.perf_counter()
         self.offset += seconds - (now - self._last_real)
         self._last_real = now
@@ -394,7 +401,7 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
                         list(scenario.k_list) if with_proposer else [0], info.eos_token_ids, info.pad_token_id,
                         info.vocab_size, sampling, workload.ignore_eos)
-    clock = ReplayClock()
+    clock = ReplayClock(priced_only=bool(getattr(cost, "includes_host", False)))
     rows = spec.full_batch_size or spec.batch_size
     session = ReplaySession(run, rows, cost, clock, spec.prefill_seq_len, measured_prefill(run))
     engine = Engine(pm, loaded, RunOptions(), NullUI())
@@ -416,6 +423,8 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
             opened.close()
     identical = all(np.array_equal(r.tokens, run.outputs[r.index]) for r in results)
     exact, notes = fidelity(run, scenario.policy, pm) if with_proposer else (run.recipe.workload.temperature == 0, [])
+    if clock.priced_only:
+        notes.append(f"cost model '{cost.name}' prices whole steps (host and proposer included): only priced time counts")
     if not identical:
         notes.append("the replay did not emit the recorded tokens: the run was not lossless or its files disagree; "
                      "this prediction is not trustworthy")

@@ -109,3 +109,43 @@ def render_whatif(own, measured, predictions, cost) -> str:
         notes.insert(0, "greedy replay: proposals, acceptance, steps and K usage are exact; times are priced")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--max-shapes", default=3, show_default=True, type=int, help="Most decode shapes (K values) a list may have.")
+@click.option("--k-max", "k_max", type=int, help="Largest K to consider (default: the largest K of the runs' K-lists).")
+@click.option("--batch-size", "batch_sizes", help="Comma-separated batch sizes to rank at (default: each run's own).")
+@click.option("--policies", default="smallest_covering", show_default=True,
+              help="Comma-separated K policies to try for lists of two or more K.")
+@click.option("--per-shape-cost", default=0.0, show_default=True, type=float,
+              help="Score penalty per decode shape beyond the first (0.02: 2 %% each), for compile time and memory.")
+@click.option("--top", default=5, show_default=True, type=int, help="How many lists to print.")
+@cost_option
+@cost_with_option
+@click.option("--json", "as_json", is_flag=True, help="Print the ranking as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def advise(run_dirs, max_shapes, k_max, batch_sizes, policies, per_shape_cost, top, cost_name, cost_with, as_json,
+           quiet):
+    """Rank K-lists to compile for the runs in RUN_DIRS: every list of at most --max-shapes K
+    values from 0..--k-max, under each K policy, replayed over every run at every batch size and
+    priced by the cost model; prints the best lists with their predicted gain over no-spec and
+    over the best fixed K, and the recipe lines to paste."""
+    from spdflow import whatif as wi
+    from spdflow.advise import advice_json, advise as rank, render_advice
+    from spdflow.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    runs = [wi.load_run(d, pm) for d in run_dirs]
+    settings = parse_settings(cost_with)
+    costs = [wi.make_cost_model(pm, run, cost_name, settings) for run in runs]
+    sizes = parse_list(batch_sizes, "batch-size", int) or sorted({run.batch_size for run in runs})
+    k_max = k_max if k_max is not None else max(max(run.recipe.k_list()) for run in runs)
+    progress = (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
+    advice = rank(pm, runs, costs, sizes, max_shapes=max_shapes, k_max=k_max,
+                  policies=parse_list(policies, "policies") or ["smallest_covering"], per_shape_cost=per_shape_cost,
+                  progress=progress)
+    if as_json:
+        click.echo(json.dumps(advice_json(advice, runs, top), indent=2, default=str))
+    else:
+        click.echo(render_advice(advice, runs, top))

@@ -164,3 +164,82 @@ def test_whatif_cli_prints_the_run_beside_the_prediction_and_json(greedy_run):
 def test_whatif_rejects_a_bad_cost_setting_with_one_sentence(greedy_run):
     result = CliRunner().invoke(cli, ["whatif", str(greedy_run), "--cost", "table", "--cost-with", "nope=1"])
     assert result.exit_code == 2 and "--cost-with" in result.output
+
+
+# ------------------------------------------------------------------------------ advise
+
+
+def test_candidate_lists_hold_every_small_list_with_a_positive_k():
+    from spdflow.advise import candidate_lists
+
+    lists = candidate_lists(3, 2)
+    assert (0,) not in lists and (3,) in lists and (0, 3) in lists and (1, 2) in lists
+    assert len(lists) == 3 + 6 and all(len(ks) <= 2 for ks in lists)
+
+
+def test_advise_ranks_lists_by_predicted_throughput_and_prints_recipe_lines(greedy_run, tmp_path):
+    table = tmp_path / "costs.yaml"
+    # verify cost grows steeply with K: long lists must not win by default
+    table.write_text("verify_ms:\n  1: {0: 1.0, 1: 1.1, 2: 1.3, 3: 2.5}\nswitch_ms: {1: 0.05}\n")
+    result = CliRunner().invoke(cli, ["advise", str(greedy_run), "--max-shapes", "2", "--k-max", "3", "--cost", "table",
+                                      "--cost-with", f"path={table}", "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    ranked = data["ranked"]
+    scores = [r["score"] for r in ranked]
+    assert scores == sorted(scores, reverse=True)
+    best = ranked[0]
+    assert best["recipe"] == f"num_speculative_tokens: {best['k_list']}\nk_policy: {best['policy']}"
+    nospec = data["nospec"][0]["tokens_per_s"]
+    assert best["cells"][0]["tokens_per_s"] == pytest.approx(best["speedup_vs_nospec"] * nospec)
+    text = CliRunner().invoke(cli, ["advise", str(greedy_run), "--max-shapes", "1", "--k-max", "2", "--cost", "table",
+                                    "--cost-with", f"path={table}", "-q"]).output
+    assert "recipe lines for the best list:" in text and "best fixed K: b1 K=" in text
+
+
+# ------------------------------------------------------------------------------ cost models
+
+
+def test_table_cost_model_interpolates_k_and_names_the_file_when_it_cannot_price(tmp_path):
+    from spdflow_costs.table import TableConfig, TableCost
+
+    path = tmp_path / "t.yaml"
+    path.write_text("verify_ms:\n  2: {0: 1.0, 4: 3.0}\n")
+    cost = TableCost(TableConfig(path=str(path)))
+    assert cost.verify_s(2, 2) == pytest.approx(2e-3) and cost.switch_s(2) == 0.0
+    with pytest.raises(RunDataError, match="cannot price K=7 at batch 2"):
+        cost.verify_s(2, 7)
+    with pytest.raises(RunDataError, match="has no verify_ms for batch 1"):
+        cost.verify_s(1, 0)
+
+
+def test_roofline_prices_bytes_and_flops_with_mx_formats():
+    from spdflow_costs.roofline import BYTES, RooflineConfig, RooflineCost, load_shape
+
+    assert BYTES["mxfp6"] == pytest.approx(0.78125) and BYTES["mxint8"] == pytest.approx(1.03125)
+    shape = load_shape("llama-3.1-8b", None)
+    assert shape.linear_weights() == pytest.approx(7.5047e9, rel=1e-4)
+    cost = RooflineCost(RooflineConfig(profile="ai100-ultra", model="llama-3.1-8b", ctx_len=2048, overhead_ms=0.0))
+    weights = shape.linear_weights() * 0.78125
+    kv = 32 * 2 * 8 * 128 * 2048 * 1.03125
+    assert cost.verify_s(1, 0) == pytest.approx((weights + kv) / 548e9)  # memory-bound
+    compute_bound = RooflineCost(RooflineConfig(profile="ai100-ultra", model="llama-3.1-8b", ctx_len=2048,
+                                                overhead_ms=0.0, weights="float32"))
+    assert compute_bound.verify_s(1, 0) > cost.verify_s(1, 0)
+    # the shipped Ultra profile's overhead reproduces the no-spec TPOT it was fitted on
+    fitted = RooflineCost(RooflineConfig(profile="ai100-ultra", model="llama-3.1-8b", ctx_len=2048))
+    assert fitted.verify_s(1, 0) == pytest.approx(0.034, abs=1e-4)
+
+
+def test_a_cost_model_that_includes_the_host_leaves_only_priced_time(greedy_run):
+    from spdflow_costs.roofline import RooflineConfig, RooflineCost
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    cost = RooflineCost(RooflineConfig(profile="ai100-ultra", model="llama-3.1-8b", ctx_len=2048))
+    assert cost.includes_host
+    p = replay(pm, run, Scenario((0,), "nospec", 1), cost)
+    f = p.figures
+    assert f.host_s == 0.0 and f.propose_s == 0.0
+    assert f.verify_s == pytest.approx(f.steps * cost.verify_s(1, 0))
+    assert any("prices whole steps" in n for n in p.notes)

@@ -47,6 +47,8 @@ class RooflineConfig(BaseModel):
     kv: str | None = Field(None, description="KV cache precision (float32, float16, mxint8, ...); default: the profile's.")
     overhead_ms: float | None = Field(None, ge=0, description="Fixed time per run; default: the profile's.")
     ctx_len: int | None = Field(None, ge=1, description="KV positions read per run; default: the run's ctx_len.")
+    includes_host: bool | None = Field(None, description="The overhead covers the host's and the proposer's time per "
+                                                         "step (fitted on end-to-end time per token); default: the profile's.")
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,15 @@ class Profile:
     kv: str
     description: str
     sources: dict
+    includes_host: bool = False
 
     @staticmethod
     def load(name_or_path: str) -> "Profile":
         import yaml
 
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = PROFILES / f"{name_or_path}.yaml"
+        path = PROFILES / f"{name_or_path}.yaml"
+        if not path.is_file():
+            path = Path(name_or_path)
         if not path.is_file():
             shipped = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
             raise UsageError(f"device profile '{name_or_path}' does not exist", hint=f"shipped profiles: {shipped}")
@@ -106,7 +109,8 @@ class Profile:
         try:
             return Profile(str(data.get("name", path.stem)), float(data["bandwidth_gb_s"]), float(data["peak_tflops"]),
                            float(data["overhead_ms"]), str(data["weights"]), str(data["kv"]),
-                           str(data.get("description", "")), dict(data.get("sources", {})))
+                           str(data.get("description", "")), dict(data.get("sources", {})),
+                           bool(data.get("includes_host", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"device profile '{path}' lacks or mistypes {exc}",
                              hint="keys: bandwidth_gb_s, peak_tflops, overhead_ms, weights, kv, sources") from None
@@ -120,10 +124,10 @@ def load_shape(model: str | None, ctx: CostContext | None) -> ModelShape:
         path = Path(ctx.model_info.source_dir) / "config.json"
         name = ctx.model_info.name
     else:
-        path = Path(model)
+        path = MODELS / f"{model}.json"
         name = model
-        if not path.suffix:
-            path = MODELS / f"{model}.json"
+        if not path.is_file():
+            path = Path(model)
     if not path.is_file():
         shipped = ", ".join(sorted(p.stem for p in MODELS.glob("*.json")))
         raise UsageError(f"model shape '{model or path}' does not exist", hint=f"shipped shapes: {shipped}")
@@ -161,6 +165,7 @@ class RooflineCost(CostModel):
             self.ctx_len = ctx.recipe.specialization.ctx_len
         else:
             raise UsageError("the roofline needs --cost-with ctx_len=N when there is no run to read it from")
+        self.includes_host = self.profile.includes_host if config.includes_host is None else config.includes_host
         self.bandwidth = self.profile.bandwidth_gb_s * 1e9
         self.peak = self.profile.peak_tflops * 1e12
 
@@ -179,7 +184,8 @@ class RooflineCost(CostModel):
         p = self.profile
         return {"cost_model": "roofline", "profile": p.name, "description": p.description,
                 "bandwidth_gb_s": p.bandwidth_gb_s, "peak_tflops": p.peak_tflops,
-                "overhead_ms": round(self.overhead_s * 1e3, 4), "weights": self.weights, "kv": self.kv,
+                "overhead_ms": round(self.overhead_s * 1e3, 4), "includes_host": self.includes_host,
+                "weights": self.weights, "kv": self.kv,
                 "model": self.shape.name, "linear_weights": self.shape.linear_weights(), "ctx_len": self.ctx_len,
                 "sources": p.sources}
 
