@@ -119,7 +119,7 @@ def render_whatif(own, measured, predictions, cost) -> str:
 @click.option("--policies", default="smallest_covering", show_default=True,
               help="Comma-separated K policies to try for lists of two or more K.")
 @click.option("--per-shape-cost", default=0.0, show_default=True, type=float,
-              help="Score penalty per decode shape beyond the first (0.02: 2 %% each), for compile time and memory.")
+              help="Score penalty per decode shape beyond the first (0.02: 2 % each), for compile time and memory.")
 @click.option("--top", default=5, show_default=True, type=int, help="How many lists to print.")
 @cost_option
 @cost_with_option
