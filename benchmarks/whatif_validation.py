@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
