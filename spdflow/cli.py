@@ -117,7 +117,11 @@ allow_outside_option = click.option(
               help="Rerun this stage and the ones after it.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (stages, specializations, compile command); run nothing.")
 @click.option("--compile-only", is_flag=True, help="Export and write the compiled program's files (and compile.sh); do not generate.")
-@click.option("--check-lossless", is_flag=True, help="Also run the no-spec baseline and record whether every request's tokens are identical.")
+@click.option("--check-lossless", is_flag=True,
+              help="Also run the no-spec baseline and record whether every request's tokens are identical "
+                   "(the report then states the measured speed-up too).")
+@click.option("--baseline", is_flag=True,
+              help="Also run the no-spec baseline in this process and report the measured speed-up over it.")
 @click.option("--verify", is_flag=True, help="Hash every cached file in full before reusing it (otherwise only files whose size or time changed are hashed).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write report.json here.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -125,8 +129,8 @@ allow_outside_option = click.option(
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the summary table.")
 @allow_outside_option
-def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossless, verify, report_path, cache_dir, quiet,
-        as_json, allow_outside_paths):
+def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossless, baseline, verify, report_path,
+        cache_dir, quiet, as_json, allow_outside_paths):
     """Run RECIPE: export, specialize, compile, generate, and write the run report."""
     from spdflow.engine.run import RunOptions
     from spdflow.recipe.loader import load_recipe
@@ -136,7 +140,8 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
     loaded = load_recipe(recipe, pm, list(overrides))
     loaded.allow_outside_paths = allow_outside_paths
     options = RunOptions(force=force, from_stage=from_stage, dry_run=dry_run, compile_only=compile_only,
-                         check_lossless=check_lossless, verify=verify, report_path=report_path, cache_dir=cache_dir)
+                         check_lossless=check_lossless, baseline=baseline, verify=verify, report_path=report_path,
+                         cache_dir=cache_dir)
     if dry_run:
         text, blockers = dry_run_plan(pm, loaded, options)
         click.echo(text)
@@ -146,7 +151,7 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
             raise PreflightError(f"`spdflow run` would stop before any export: {len(blockers)} problem(s)",
                                  findings=blockers, hint="fix them, then run without --dry-run")
         return
-    report = run_recipe(pm, loaded, options, quiet=quiet)
+    report = run_recipe(pm, loaded, options, quiet=quiet, summary=not as_json)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
 

@@ -7,8 +7,9 @@ from spdflow.engine.run import Engine, RunOptions
 from spdflow.recipe.loader import LoadedRecipe
 
 
-def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = False) -> dict:
-    """Run every stage of the recipe; returns report.json's content. Raises SpdflowError on
+def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = False, summary: bool = True) -> dict:
+    """Run every stage of the recipe; returns report.json's content. Progress goes to stderr;
+    the summary table (unless ``quiet`` or not ``summary``) to stdout. Raises SpdflowError on
     failure after writing the partial report (its path is in the message's hint)."""
     from spdflow.ui import RichUI
 
@@ -22,8 +23,8 @@ def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = F
                        f"`spdflow run {loaded.path}" + (f" --from {_resume_stage(engine)}`" if _resume_stage(engine) else "`")
         raise
     report = json.loads((engine.run_dir / "report.json").read_text())
-    if not quiet:
-        _print_summary(ui, engine, report)
+    if summary and not quiet:
+        _print_summary(engine, report)
     return report
 
 
@@ -35,15 +36,18 @@ def _resume_stage(engine) -> str | None:
     return None
 
 
-def _print_summary(ui, engine, report: dict) -> None:
-    try:
-        from spdflow.report.render import summary_table
-        from spdflow.report.model import RunReport
+def _print_summary(engine, report: dict) -> None:
+    """The summary table and the report's path: results, so on stdout."""
+    from rich.console import Console
 
-        ui.console.print(summary_table(RunReport.model_validate(report)))
-    except ImportError:
-        pass
-    ui.console.print(f"report: {engine.run_dir / 'report.md'}")
+    from spdflow.report.model import RunReport
+    from spdflow.report.render import summary_table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(width=160, highlight=False)  # piped: keep rows on one line each where possible
+    console.print(summary_table(RunReport.model_validate(report)))
+    console.print(f"report: {engine.run_dir / 'report.md'}")
 
 
 def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> tuple[str, list]:

@@ -144,3 +144,34 @@ def test_committed_schema_file_is_current(runner):
     """recipes/*.yaml point editors at docs/recipe.schema.json: it must match `spdflow schema`."""
     committed = json.loads((REPO / "docs" / "recipe.schema.json").read_text())
     assert committed == json.loads(runner.invoke(cli, ["schema"]).stdout), "run: spdflow schema -o docs/recipe.schema.json"
+
+
+def test_default_recipe_report_says_what_ran_and_the_measured_speed_up(runner, tmp_path, monkeypatch):
+    """The README's quick-start run (shortened by --set): report and summary name the model,
+    proposer, K-list and policy and state the speed-up over no-spec measured in the process."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(cli, ["run", str(REPO / "recipes" / "tinycode_varK.yaml"), "--check-lossless",
+                                 "--set", "workload.count=2", "--set", "workload.max_new_tokens=24"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "runs" / "tinycode-varK" / "report.md").read_text()
+    for line in ("| model | spdflow:tinycode-target (float32) |", "| proposer | prompt_lookup (", "| K-list | [0, 2, 4, 7] |",
+                 "| K policy | goodput;", "| --set | workload.count=2 workload.max_new_tokens=24 |",
+                 "| Speed-up: decode tokens/s vs no-spec | ", "Measured against no-spec: decode ran at"):
+        assert line in text, line
+    report = json.loads((tmp_path / "runs" / "tinycode-varK" / "report.json").read_text())
+    assert report["baseline"]["decode_tokens_per_s"] > 0 and report["overrides"] == ["workload.count=2", "workload.max_new_tokens=24"]
+    # the summary is a result: stdout; progress stays on stderr
+    assert "speed-up vs no-spec" in result.stdout and "spdflow:tinycode-target" in result.stdout
+    assert "speed-up vs no-spec" not in result.stderr and "generate: ran" in result.stderr
+
+
+def test_effective_recipe_hash_changes_under_set(runner, tmp_path, monkeypatch):
+    from spdflow.plugins import get_plugin_manager
+    from spdflow.recipe.loader import load_recipe
+    from spdflow.report.build import effective_recipe_sha256
+
+    pm = get_plugin_manager()
+    path = REPO / "recipes" / "tinycode_varK.yaml"
+    plain = effective_recipe_sha256(load_recipe(path, pm).recipe)
+    assert plain == effective_recipe_sha256(load_recipe(path, pm).recipe)
+    assert plain != effective_recipe_sha256(load_recipe(path, pm, ["workload.count=3"]).recipe)

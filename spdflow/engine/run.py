@@ -49,6 +49,7 @@ class RunOptions:
     compile_only: bool = False
     check_lossless: bool = False
     verify: bool = False  # hash every cached file in full before reusing it
+    baseline: bool = False  # run no-spec first in the same process and report the speed-up
     report_path: Path | None = None
     proposer_off: bool = False
     #: where exports (and the compiled programs beside them) are kept; None keeps them in the
@@ -91,6 +92,7 @@ class RunState:
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     t0: float = field(default_factory=time.perf_counter)
     lossless: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None  # the no-spec baseline's metrics, when it ran in this process
     outputs: list[dict] = field(default_factory=list)
 
 
@@ -452,13 +454,17 @@ class Engine:
                 proposer_name = recipe.proposer.uses
                 proposer_plugin = self._plugin_label(self.pm.lookup("proposer", proposer_name).plugin)
                 proposer = self._make_proposer(info, sampling, baseline)
-            need_baseline = self.options.check_lossless or getattr(proposer, "needs_reference_output", False)
+            need_baseline = (self.options.check_lossless or self.options.baseline
+                             or getattr(proposer, "needs_reference_output", False))
             if need_baseline and proposer is not None:
-                baseline_gen = Generator(self.pm, session, config, acceptor=acceptor, policy=policy)
+                baseline_records: list[dict] = []
+                baseline_gen = Generator(self.pm, session, config, acceptor=acceptor, policy=policy,
+                                         trace=baseline_records.append)
                 with self.ui.generation(sum(r.max_new_tokens for r in requests), "baseline (no-spec)") as bar:
                     baseline_gen.on_tokens = bar.advance
                     for result in baseline_gen.generate(requests):
                         baseline[result.index] = result.tokens
+                self.state.baseline = baseline_summary(baseline_records)
             records = self.state.records
             generator = Generator(self.pm, session, config, proposer=proposer, proposer_name=proposer_name,
                                   proposer_plugin=proposer_plugin, policy=policy, acceptor=acceptor, trace=records.append)
@@ -680,6 +686,17 @@ def record_cost_grid(pm, session, config, run_dir: Path, backend: str) -> None:
     entry = measure_grid(pm, session, rows, config.k_list, config.pad_token_id, config.prefill_seq_len,
                          config.full_batch_size is not None)
     write_grid(run_dir, {rows: entry}, backend)
+
+
+def baseline_summary(records: list[dict]) -> dict[str, Any]:
+    """The no-spec baseline's speed figures, from its own trace records."""
+    from spdflow.report.metrics import compute_metrics
+
+    m = compute_metrics(records)
+    return {"decode_tokens_per_s": m.decode_tokens_per_s, "e2e_tokens_per_s": m.e2e_tokens_per_s,
+            "tpot_median_s": m.tpot_median_s, "ttft_median_s": m.ttft_median_s, "wall_s": m.wall_s,
+            "generated_tokens": m.generated_tokens, "decode_steps": m.decode_steps,
+            "step_costs": [c.model_dump() for c in m.step_costs]}
 
 
 def tempfile_dir(target: Path) -> str:

@@ -34,6 +34,7 @@ class LoadedRecipe:
     root: Path | None = None
     #: read files outside the recipe's folder (``--allow-outside-paths``; see spdflow.recipe.paths)
     allow_outside_paths: bool = False
+    overrides: list[str] = field(default_factory=list)  # the --set expressions applied, in order
 
     @property
     def errors(self) -> list[Finding]:
@@ -408,7 +409,9 @@ def read_recipe(path: Path | str, pm, overrides: list[str] | None = None, root: 
     except YamlProblem as exc:
         return LoadedRecipe(None, path, None, findings=[exc.finding])
     apply_overrides(document, overrides or [])
-    return validate_document(document, pm, path, root)
+    loaded = validate_document(document, pm, path, root)
+    loaded.overrides = list(overrides or [])
+    return loaded
 
 
 class NotARegularFileError(OSError):

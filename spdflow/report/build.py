@@ -10,6 +10,7 @@ from spdflow.engine.run import peak_rss_mb, write_jsonl
 from spdflow.report.metrics import compute_metrics, trace_header
 from spdflow.report.model import (
     Artifact,
+    Baseline,
     ErrorRecord,
     Lossless,
     PluginRecord,
@@ -35,6 +36,8 @@ def write_run_report(engine) -> RunReport:
         recipe=engine.recipe.model_dump(mode="json", by_alias=True),
         recipe_path=str(engine.loaded.path),
         recipe_sha256=_recipe_sha256(engine.loaded.path),
+        overrides=list(getattr(engine.loaded, "overrides", []) or []),
+        recipe_effective_sha256=effective_recipe_sha256(engine.recipe),
         spdflow_version=__version__,
         plugins=[PluginRecord(name=i.name, distribution=i.distribution, version=i.version) for i in engine.pm.describe()],
         environment=collect_environment(),
@@ -43,6 +46,7 @@ def write_run_report(engine) -> RunReport:
         artifacts=_artifacts(engine),
         metrics=metrics,
         lossless=Lossless(**state.lossless) if state.lossless else None,
+        baseline=Baseline(**state.baseline) if getattr(state, "baseline", None) else None,
         peak_rss_mb=peak_rss_mb(),
         error=ErrorRecord(**state.error) if state.error else None,
         started_at=state.started_at,
@@ -53,6 +57,13 @@ def write_run_report(engine) -> RunReport:
     if engine.options.report_path:
         cache.write_text_atomic(Path(engine.options.report_path), (run_dir / "report.json").read_text())
     return report
+
+
+def effective_recipe_sha256(recipe) -> str:
+    """sha256 of the validated recipe (defaults filled, --set applied) as canonical JSON."""
+    import hashlib
+
+    return hashlib.sha256(cache.canonical_json(recipe.model_dump(mode="json", by_alias=True)).encode()).hexdigest()
 
 
 def _recipe_sha256(path: Path) -> str | None:

@@ -87,6 +87,20 @@ class RequestAcceptance(_Model):
     )
 
 
+class StepCost(_Model):
+    """Measured verify time of the decode steps that ran one (K, batch) shape."""
+
+    k: int = Field(description="The K the step verified (decode shape seq_len K+1).")
+    batch: int = Field(description="Rows of the step's batch (KV rows the shape runs).")
+    steps: int = Field(description="Decode steps that ran this shape.")
+    verify_median_s: float = Field(description="Median verify_s of those steps (s).")
+    verify_p90_s: float = Field(description="90th percentile of verify_s of those steps (s).")
+    verify_per_k0: float | None = Field(
+        None, description="verify_median_s ÷ the K=0 median of the same batch: what verifying K costs relative "
+        "to plain decoding; null without K=0 steps."
+    )
+
+
 class TimeBin(_Model):
     """One bin of the tokens-per-second-over-time series."""
 
@@ -196,7 +210,13 @@ class Metrics(_Model):
     verify_fraction: float | None = Field(description="verify_s ÷ decode_time_s.")
     host_fraction: float | None = Field(description="host_s ÷ decode_time_s.")
     tokens_over_time: list[TimeBin] = Field(
-        description=f"Tokens/s over time: [0, wall_s] cut into {TIME_BINS} equal bins."
+        description=f"Tokens/s over time: [0, wall_s] cut into {TIME_BINS} equal bins (kept in report.json; "
+        "not plotted, since on short runs it shows prefill bursts rather than speed)."
+    )
+    step_costs: list[StepCost] = Field(
+        default_factory=list,
+        description="Measured verify time per (K, batch) from the decode steps that ran: the figure to "
+        "choose a K-list by (a K that costs nearly as much as K+1 positions of acceptance gains nothing).",
     )
 
     # -- filled in by the engine -------------------------------------------------------------
@@ -355,6 +375,20 @@ def _time_split(steps: list[dict], prefills: list[dict]) -> dict:
     }
 
 
+def step_costs(steps: list[dict]) -> list[StepCost]:
+    """Median and p90 verify time of the steps per (K, batch), with the ratio to K=0 of that batch."""
+    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for s in steps:
+        groups[(int(s["k"]), int(s["batch"]))].append(float(s["verify_s"]))
+    medians = {key: percentile(values, 50) for key, values in groups.items()}
+    return [
+        StepCost(k=k, batch=batch, steps=len(groups[(k, batch)]), verify_median_s=medians[(k, batch)],
+                 verify_p90_s=percentile(groups[(k, batch)], 90),
+                 verify_per_k0=_ratio(medians[(k, batch)], medians.get((0, batch)) or 0.0))
+        for k, batch in sorted(groups, key=lambda kb: (kb[1], kb[0]))
+    ]
+
+
 def tokens_over_time(
     requests: list[dict], steps: list[dict], wall_s: float, bins: int = TIME_BINS
 ) -> list[TimeBin]:
@@ -406,6 +440,7 @@ def compute_metrics(records: Iterable[dict]) -> Metrics:
         **_shape_use(steps),
         **split,
         tokens_over_time=tokens_over_time(requests, steps, wall),
+        step_costs=step_costs(steps),
     )
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from spdflow.engine.cache import sha256_file
 from spdflow.errors import SpdflowError
-from spdflow.report.metrics import Metrics
+from spdflow.report.metrics import Metrics, StepCost
 
 REPORT_VERSION = 1
 
@@ -82,6 +82,20 @@ class Lossless(_Model):
     baseline: str = Field("", description="What the output was compared with, or why it was not.")
 
 
+class Baseline(_Model):
+    """The no-spec baseline measured in the same process as this run (``--baseline``,
+    ``--check-lossless``): same compiled program, same session, same requests, run first."""
+
+    decode_tokens_per_s: float | None = Field(None, description="The baseline's decode throughput (tokens/s).")
+    e2e_tokens_per_s: float | None = Field(None, description="The baseline's end-to-end throughput (tokens/s).")
+    tpot_median_s: float | None = Field(None, description="The baseline's median time per output token (s).")
+    ttft_median_s: float | None = Field(None, description="The baseline's median time to first token (s).")
+    wall_s: float | None = Field(None, description="The baseline's generation wall time (s).")
+    generated_tokens: int | None = Field(None, description="Tokens the baseline generated.")
+    decode_steps: int | None = Field(None, description="Decode steps the baseline ran.")
+    step_costs: list[StepCost] = Field(default_factory=list, description="The baseline's verify time per (K=0, batch).")
+
+
 class ErrorRecord(_Model):
     """Why a run failed or stopped."""
 
@@ -98,6 +112,11 @@ class RunReport(_Model):
     recipe: dict[str, Any] = Field(default_factory=dict, description="The validated recipe, as a plain mapping.")
     recipe_path: str | None = Field(None, description="The recipe file the run was started from.")
     recipe_sha256: str | None = Field(None, description="Hex SHA-256 of the recipe file's bytes.")
+    overrides: list[str] = Field(default_factory=list, description="The --set overrides applied to the file, in order.")
+    recipe_effective_sha256: str | None = Field(
+        None, description="Hex SHA-256 of the effective recipe (defaults filled, --set applied) as canonical JSON: "
+        "two runs with the same value ran the same recipe."
+    )
     spdflow_version: str = Field(description="spdflow version that wrote the report.")
     plugins: list[PluginRecord] = Field(default_factory=list, description="Plugins loaded for the run.")
     environment: Environment | None = Field(None, description="Python, platform and package versions.")
@@ -105,6 +124,7 @@ class RunReport(_Model):
     artifacts: list[Artifact] = Field(default_factory=list, description="Files the run produced.")
     metrics: Metrics | None = Field(None, description="Generation metrics; null when generation did not run.")
     lossless: Lossless | None = Field(None, description="Comparison with the no-spec baseline, when done.")
+    baseline: Baseline | None = Field(None, description="No-spec speed measured in this process, when it ran.")
     peak_rss_mb: float | None = Field(None, description="Peak resident memory of the run process (MiB).")
     error: ErrorRecord | None = Field(None, description="Set when status is failed or interrupted.")
     started_at: str = Field(description="Start time, ISO 8601 with time zone.")

@@ -64,14 +64,21 @@ def _per_position(plt, metrics: Metrics) -> bytes:
     return _png(plt, figure)
 
 
-def _over_time(plt, metrics: Metrics) -> bytes:
-    figure, axes = _figure(plt, "Tokens/s over time", "seconds since generation start", "tokens/s")
-    bins = metrics.tokens_over_time
-    centers = [(b.t_start + b.t_end) / 2 for b in bins]
-    axes.step(centers, [b.tokens_per_s for b in bins], where="mid", color=_VIOLET, linewidth=1.6)
-    axes.fill_between(centers, [b.tokens_per_s for b in bins], step="mid", color=_VIOLET, alpha=0.12)
-    axes.set_xlim(0, metrics.wall_s)
+def _step_cost(plt, metrics: Metrics) -> bytes:
+    figure, axes = _figure(plt, "Verify time per K", "K (decode shape seq_len K+1)", "median verify time (ms)")
+    batches = sorted({c.batch for c in metrics.step_costs})
+    colors = [_VIOLET, _BLUE, _GREEN, _AMBER]
+    for i, batch in enumerate(batches):
+        costs = sorted((c for c in metrics.step_costs if c.batch == batch), key=lambda c: c.k)
+        axes.plot([c.k for c in costs], [c.verify_median_s * 1000 for c in costs], marker="o", linewidth=1.6,
+                  color=colors[i % len(colors)], label=f"batch {batch}")
+        for c in costs:
+            axes.annotate(f"n={c.steps}", (c.k, c.verify_median_s * 1000), textcoords="offset points", xytext=(0, 5),
+                          ha="center", fontsize=7, color="#6b7280")
+    axes.set_xticks(sorted({c.k for c in metrics.step_costs}))
     axes.set_ylim(bottom=0)
+    if len(batches) > 1:
+        axes.legend(fontsize=8, frameon=False)
     return _png(plt, figure)
 
 
@@ -94,6 +101,6 @@ def render_plots(metrics: Metrics) -> list[Plot]:
             metrics.accepted_length_histogram, _AMBER,
         )
         plots.append(Plot("accepted_length", "Accepted length (accepted + 1 per row-step)", png))
-    if metrics.tokens_over_time:
-        plots.append(Plot("tokens_over_time", "Tokens/s over time", _over_time(plt, metrics)))
+    if metrics.step_costs:
+        plots.append(Plot("step_cost", "Verify time per K (median per batch)", _step_cost(plt, metrics)))
     return plots

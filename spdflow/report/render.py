@@ -58,7 +58,10 @@ def lossless_verdict(report: RunReport) -> str:
     if lossless.identical:
         return f"identical to the baseline ({lossless.baseline or 'no-spec'})"
     ids = ", ".join(str(i) for i in lossless.mismatched_requests[:10]) or "?"
-    return f"DIFFERS from the baseline in requests {ids} ({lossless.baseline or 'no-spec'})"
+    if "identity not expected" in (lossless.baseline or ""):
+        return (f"differs from the no-spec sample in requests {ids}, as expected when sampling: rejection sampling "
+                f"keeps the output distribution, not the exact tokens")
+    return f"NOT lossless: differs from the greedy no-spec output in requests {ids} ({lossless.baseline or 'no-spec'})"
 
 
 # ------------------------------------------------------------------------------------------
@@ -75,6 +78,86 @@ class Section:
     rows: list[list[str]] = field(default_factory=list)
 
 
+def _settings(values: dict | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (values or {}).items())
+
+
+def _named(value, default: str = "") -> str:
+    """``name`` or ``name (k=v, ...)`` of a plain name or a ``{uses, with}`` block."""
+    if isinstance(value, dict):
+        name = str(value.get("uses", default))
+        settings = _settings(value.get("with"))
+        return f"{name} ({settings})" if settings else name
+    return str(value) if value is not None else default
+
+
+def recipe_lines(report: RunReport) -> list[tuple[str, str]]:
+    """The effective recipe in a few (label, value) lines: what this run actually ran."""
+    r = report.recipe
+    if not r:
+        return []
+    model = r.get("model") or {}
+    spec = r.get("specialization") or {}
+    devices = r.get("devices") or {}
+    work = r.get("workload") or {}
+    proposer = r.get("proposer")
+    ks = sorted(set(r.get("num_speculative_tokens") or [0]))
+    batch = f"batch_size {spec.get('batch_size', 1)}"
+    if spec.get("full_batch_size"):
+        batch += f", continuous batching over {spec['full_batch_size']} slots"
+    source = next((f"{k} {'(inline, ' + str(len(work[k])) + ')' if k == 'prompts' else work[k]}"
+                   for k in ("builtin", "file", "prompts") if work.get(k) is not None), "?")
+    if float(work.get("temperature", 0) or 0) == 0:
+        sampling = "greedy (temperature 0)"
+    else:
+        sampling = f"temperature {work['temperature']}, top_k {work.get('top_k', 0)}, top_p {work.get('top_p', 1.0)}"
+    sampling += f", seed {work.get('seed', 0)}" + (", ignore_eos" if work.get("ignore_eos") else "")
+    backend_extra = devices.get("with") or {}  # the backend's own settings, when the recipe gives them
+    lines = [
+        ("model", f"{model.get('id', '?')} ({model.get('dtype', '?')})"),
+        ("proposer", _named(proposer) if proposer else "none (no-spec)"),
+        ("K-list", f"{ks}"),
+        ("K policy", f"{_named(r.get('k_policy'), 'smallest_covering')}; acceptance {r.get('acceptance', 'auto')}"),
+        ("batch", batch),
+        ("shapes", f"ctx_len {spec.get('ctx_len', '?')}, prefill_seq_len {spec.get('prefill_seq_len', '?')}"),
+        ("backend", f"{devices.get('backend', '?')} on devices {devices.get('device_ids', [0])}"
+                    + (f" ({_settings(backend_extra)})" if backend_extra else "")),
+        ("workload", f"{source}: {work.get('count', '?')} prompts, max_new_tokens {work.get('max_new_tokens', '?')}"),
+        ("sampling", sampling),
+        ("--set", " ".join(report.overrides) if report.overrides else "none"),
+        ("recipe hash", f"{(report.recipe_effective_sha256 or '?')[:16]} (effective recipe; file "
+                        f"{report.recipe_path or '?'} sha256 {(report.recipe_sha256 or '?')[:12]})"),
+    ]
+    return lines
+
+
+def _what_ran(report: RunReport) -> Section:
+    return Section("What ran", [], ["setting", "value"], [[k, v] for k, v in recipe_lines(report)])
+
+
+def speedup(report: RunReport) -> dict[str, float | None] | None:
+    """This run over the no-spec baseline measured in the same process: tokens/s and TPOT ratios."""
+    m, b = report.metrics, report.baseline
+    if m is None or b is None:
+        return None
+
+    def ratio(a, c):
+        return a / c if a is not None and c else None
+
+    return {"decode_tokens_per_s": ratio(m.decode_tokens_per_s, b.decode_tokens_per_s),
+            "e2e_tokens_per_s": ratio(m.e2e_tokens_per_s, b.e2e_tokens_per_s),
+            "tpot_median": ratio(m.tpot_median_s, b.tpot_median_s)}
+
+
+SPEEDUP_CAVEAT = ("one run each in this process, on the same compiled program and requests; the baseline ran "
+                  "first and also warmed the session up, and a busy machine moves either figure by several per "
+                  "cent — `spdflow bench` interleaves repeats and reports medians for a figure to quote")
+
+
+def fmt_x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
 def status_line(report: RunReport) -> str:
     """``ok · run tiny-varK-20260101T120000 · 12.31 s`` (plus the error when there is one)."""
     parts = [report.status.upper(), f"run {report.run_id}", fmt_s(report.duration_s)]
@@ -84,33 +167,59 @@ def status_line(report: RunReport) -> str:
     return " · ".join(parts)
 
 
-def speed_sentence(m: Metrics) -> str:
-    """A plain-language reading of the speculation numbers."""
+def speed_sentence(m: Metrics, report: RunReport | None = None) -> str:
+    """A plain-language reading of the speculation numbers, with the measured speed-up when a
+    no-spec baseline ran in the same process."""
     if not m.decode_steps:
         return "No decode step ran."
+    ratios = speedup(report) if report is not None else None
+    if ratios is not None and ratios["decode_tokens_per_s"] is not None:
+        b = report.baseline
+        verdict = "faster" if ratios["decode_tokens_per_s"] > 1 else "slower"
+        compared = (f"Measured against no-spec: decode ran at {fmt_num(m.decode_tokens_per_s, 1)} tokens/s vs "
+                    f"{fmt_num(b.decode_tokens_per_s, 1)} without speculation — {fmt_x(ratios['decode_tokens_per_s'])} "
+                    f"({verdict}); median time per output token {fmt_s(m.tpot_median_s)} vs {fmt_s(b.tpot_median_s)} "
+                    f"({fmt_x(ratios['tpot_median'])}). Caveat: {SPEEDUP_CAVEAT}.")
+    elif report is not None and report.lossless is not None and "this run is the no-spec baseline" in report.lossless.baseline:
+        compared = "This run is the no-spec baseline (speed-up 1.00× by definition)."
+    else:
+        compared = ("No no-spec baseline ran in this process: rerun with --baseline (or --check-lossless) for the "
+                    "measured speed-up, or use spdflow bench.")
     if not m.proposed_tokens:
-        return (
-            f"No speculation: {m.decode_steps} decode steps each gained one token per request "
-            f"(AL 1.00); decode ran at {fmt_num(m.decode_tokens_per_s, 1)} tokens/s."
-        )
+        return (f"No speculation: {m.decode_steps} decode steps each produced one token per request "
+                f"(AL 1.00); decode ran at {fmt_num(m.decode_tokens_per_s, 1)} tokens/s. {compared}")
+    extra = (m.mean_acceptance_length or 1.0) - 1.0
     return (
-        f"Each decode step gained {fmt_num(m.mean_acceptance_length)} tokens per request on average "
-        f"(AL; 1.00 means no gain) with {fmt_pct(m.draft_acceptance_rate)} of drafts accepted; "
-        f"{fmt_pct(m.padded_slot_fraction)} of verified positions held no proposal. "
-        f"Decode ran at {fmt_num(m.decode_tokens_per_s, 1)} tokens/s — compare with a no-spec run "
-        f"(spdflow bench) to know the speed-up."
+        f"Each decode step gained {fmt_num(extra)} extra tokens per request on average over plain decoding "
+        f"(AL {fmt_num(m.mean_acceptance_length)} tokens per step; 1.00 means no gain), with "
+        f"{fmt_pct(m.draft_acceptance_rate)} of drafts accepted; {fmt_pct(m.padded_slot_fraction)} of verified "
+        f"positions held no proposal. {compared}"
     )
 
 
 def _headline(m: Metrics, report: RunReport) -> Section:
-    rows = [
-        ["Mean acceptance length (AL)", fmt_num(m.mean_acceptance_length)],
+    rows = []
+    ratios = speedup(report)
+    if ratios is not None:
+        b = report.baseline
+        rows += [
+            ["Speed-up: decode tokens/s vs no-spec", f"{fmt_x(ratios['decode_tokens_per_s'])} "
+             f"({fmt_num(m.decode_tokens_per_s, 1)} vs {fmt_num(b.decode_tokens_per_s, 1)})"],
+            ["Speed-up: end-to-end tokens/s vs no-spec", f"{fmt_x(ratios['e2e_tokens_per_s'])} "
+             f"({fmt_num(m.e2e_tokens_per_s, 1)} vs {fmt_num(b.e2e_tokens_per_s, 1)})"],
+            ["TPOT median vs no-spec (lower is better)", f"{fmt_x(ratios['tpot_median'])} "
+             f"({fmt_s(m.tpot_median_s)} vs {fmt_s(b.tpot_median_s)})"],
+        ]
+    rows += [
+        ["Mean acceptance length (AL, every step)", fmt_num(m.mean_acceptance_length)],
+        ["AL over steps with a proposal (vLLM's definition)", fmt_num(m.mean_acceptance_length_drafted)],
         ["Draft acceptance rate (AR)", fmt_pct(m.draft_acceptance_rate)],
         ["Decode throughput", f"{fmt_num(m.decode_tokens_per_s, 1)} tokens/s"],
         ["End-to-end throughput", f"{fmt_num(m.e2e_tokens_per_s, 1)} tokens/s"],
         ["K usage", fmt_k_usage(m)],
         ["Padded-slot fraction", fmt_pct(m.padded_slot_fraction)],
-        ["TTFT mean / median / p90", " / ".join(fmt_s(v) for v in (m.ttft_mean_s, m.ttft_median_s, m.ttft_p90_s))],
+        ["TTFT mean / median / p90 (includes queueing)",
+         " / ".join(fmt_s(v) for v in (m.ttft_mean_s, m.ttft_median_s, m.ttft_p90_s))],
         ["TPOT mean / median", " / ".join(fmt_s(v) for v in (m.tpot_mean_s, m.tpot_median_s))],
         ["Requests / generated tokens", f"{m.requests} / {fmt_num(m.generated_tokens)}"],
         ["Generation wall time", fmt_s(m.wall_s)],
@@ -118,7 +227,23 @@ def _headline(m: Metrics, report: RunReport) -> Section:
     ]
     if report.peak_rss_mb is not None:
         rows.append(["Peak RSS", f"{report.peak_rss_mb:,.0f} MiB"])
-    return Section("Did it speed up?", [speed_sentence(m)], ["metric", "value"], rows)
+    lines = [speed_sentence(m, report),
+             "AL counts every decode step, including steps where nothing was proposed (those gain 1 token); vLLM's "
+             "mean acceptance length counts only steps with a proposal, so compare that row with vLLM figures."]
+    return Section("Did it speed up?", lines, ["metric", "value"], rows)
+
+
+def _step_costs(m: Metrics, report: RunReport) -> Section:
+    baseline = report.baseline.step_costs if report.baseline is not None else []
+    k0 = {c.batch: c.verify_median_s for c in m.step_costs if c.k == 0}
+    k0.update({c.batch: c.verify_median_s for c in baseline if c.k == 0})  # the baseline ran K=0 far more often
+    rows = [[f"0 (no-spec baseline)", str(c.batch), str(c.steps), fmt_s(c.verify_median_s), fmt_s(c.verify_p90_s), "1.00×"]
+            for c in baseline if c.k == 0]
+    rows += [[str(c.k), str(c.batch), str(c.steps), fmt_s(c.verify_median_s), fmt_s(c.verify_p90_s),
+              fmt_x(c.verify_median_s / k0[c.batch]) if k0.get(c.batch) else "—"] for c in m.step_costs]
+    lines = ["Measured verify time of the decode steps that ran, per K and batch rows. Speculating K tokens pays "
+             "when the tokens a step gains (AL) grow faster than its cost relative to K=0."]
+    return Section("Step cost per K", lines, ["K", "batch", "steps", "verify median", "verify p90", "vs K=0"], rows)
 
 
 def _time_split(m: Metrics) -> Section:
@@ -190,14 +315,28 @@ def _environment(report: RunReport) -> Section:
     return Section("Environment", lines)
 
 
+def _no_metrics_reason(report: RunReport) -> str:
+    generate = next((st for st in report.stages if st.name == "generate"), None)
+    if generate is not None and generate.status == "skipped":
+        return f"Generation was skipped ({generate.reason}), so there is nothing to compare yet."
+    if report.status != "ok":
+        return "Generation did not finish, so there are no metrics: see the error above."
+    return "Generation did not run: no metrics."
+
+
 def build_sections(report: RunReport) -> list[Section]:
     """The report's content, in reading order, shared by report.md and report.html."""
     sections = []
     m = report.metrics
+    if report.recipe:
+        sections.append(_what_ran(report))
     if m is not None:
-        sections += [_headline(m, report), _speculation(m), _time_split(m)]
+        sections += [_headline(m, report), _speculation(m)]
+        if m.step_costs:
+            sections.append(_step_costs(m, report))
+        sections.append(_time_split(m))
     else:
-        sections.append(Section("Did it speed up?", ["Generation did not run: no metrics."]))
+        sections.append(Section("Did it speed up?", [_no_metrics_reason(report)]))
     sections += [_stages(report), _artifacts(report)]
     if m is not None and m.per_request:
         sections.append(_per_request(m))
@@ -289,14 +428,19 @@ def _html_table(section: Section) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _cards(m: Metrics) -> str:
-    cards = [
-        ("AL (mean acceptance length)", fmt_num(m.mean_acceptance_length)),
+def _cards(m: Metrics, report: RunReport) -> str:
+    ratios = speedup(report)
+    cards = []
+    if ratios is not None:
+        cards.append(("speed-up vs no-spec (decode tokens/s, one run each)", fmt_x(ratios["decode_tokens_per_s"])))
+    cards += [
+        ("AL per step with a proposal (vLLM's AL)", fmt_num(m.mean_acceptance_length_drafted)),
+        ("AL over every step (no-proposal steps count 1)", fmt_num(m.mean_acceptance_length)),
         ("AR (draft acceptance rate)", fmt_pct(m.draft_acceptance_rate)),
         ("decode tokens/s", fmt_num(m.decode_tokens_per_s, 1)),
         ("end-to-end tokens/s", fmt_num(m.e2e_tokens_per_s, 1)),
         ("padded-slot fraction", fmt_pct(m.padded_slot_fraction)),
-        ("TTFT median", fmt_s(m.ttft_median_s)),
+        ("TTFT median (includes queueing)", fmt_s(m.ttft_median_s)),
     ]
     items = "".join(f'<div class="card"><div class="v">{_e(v)}</div><div class="k">{_e(k)}</div></div>' for k, v in cards)
     return f'<div class="cards">{items}</div>'
@@ -313,14 +457,16 @@ def render_html(report: RunReport, plots: list | None = None) -> str:
     if report.error is not None:
         parts.append(f'<p class="error">{_e(report.error.stage or "run")}: {_e(report.error.message)}</p>')
     if report.metrics is not None:
-        parts.append(_cards(report.metrics))
+        parts.append(_cards(report.metrics, report))
+    placed = {"Step cost per K": [p for p in plots or [] if p.name == "step_cost"]}
+    placed["Did it speed up?"] = [p for p in plots or [] if p.name != "step_cost"]
     for section in build_sections(report):
         parts.append(f"<h2>{_e(section.title)}</h2>")
         parts += [f"<p>{_e(line)}</p>" for line in section.lines]
         if section.headers and section.rows:
             parts.append(_html_table(section))
-        if section.title == "Did it speed up?" and plots:
-            parts.append(_html_plots(plots))
+        if placed.get(section.title):
+            parts.append(_html_plots(placed[section.title], heading=section.title == "Did it speed up?"))
     if report.metrics is not None:
         parts.append(_html_glossary())
     body = "\n".join(parts)
@@ -331,12 +477,12 @@ def render_html(report: RunReport, plots: list | None = None) -> str:
     )
 
 
-def _html_plots(plots: list) -> str:
+def _html_plots(plots: list, heading: bool = True) -> str:
     figures = "".join(
         f'<figure><img alt="{_e(p.title)}" src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}"></figure>'
         for p in plots
     )
-    return f'<h2>Plots</h2><div class="plots">{figures}</div>'
+    return (f'<h2>Plots</h2>' if heading else "") + f'<div class="plots">{figures}</div>'
 
 
 def _html_glossary() -> str:
@@ -357,11 +503,18 @@ def write_atomic(path: Path, data: bytes | str) -> Path:
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(payload)
+        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600; reports are read like any other file
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _with_metrics(report: RunReport, records: list[dict]) -> RunReport:
@@ -403,17 +556,24 @@ def write_report_files(run_dir: Path, report: RunReport, records: list[dict]) ->
 
 
 def summary_table(report: RunReport):
-    """A rich Table with the numbers a user wants after ``spdflow run``."""
+    """A rich Table with what ran and the numbers a user wants after ``spdflow run``."""
     from rich.table import Table
 
     table = Table(title=f"spdflow · {status_line(report)}", show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("value")
+    for label, value in recipe_lines(report):
+        if label in ("model", "proposer", "K-list", "K policy", "batch", "backend", "workload", "--set", "recipe hash"):
+            table.add_row(label, value)
     m = report.metrics
     if m is None:
-        table.add_row("metrics", "generation did not run")
+        table.add_row("metrics", _no_metrics_reason(report))
     else:
-        table.add_row("AL (mean acceptance length)", fmt_num(m.mean_acceptance_length))
+        ratios = speedup(report)
+        if ratios is not None:
+            table.add_row("speed-up vs no-spec", f"{fmt_x(ratios['decode_tokens_per_s'])} decode tokens/s, "
+                          f"{fmt_x(ratios['tpot_median'])} TPOT (one run each, this process; bench for medians)")
+        table.add_row("AL (every step / vLLM's)", f"{fmt_num(m.mean_acceptance_length)} / {fmt_num(m.mean_acceptance_length_drafted)}")
         table.add_row("AR (draft acceptance rate)", fmt_pct(m.draft_acceptance_rate))
         table.add_row("decode throughput", f"{fmt_num(m.decode_tokens_per_s, 1)} tokens/s")
         table.add_row("end-to-end throughput", f"{fmt_num(m.e2e_tokens_per_s, 1)} tokens/s")
@@ -423,7 +583,7 @@ def summary_table(report: RunReport):
             "time split",
             f"propose {fmt_pct(m.propose_fraction)} · verify {fmt_pct(m.verify_fraction)} · host {fmt_pct(m.host_fraction)}",
         )
-        table.add_row("TTFT median / TPOT median", f"{fmt_s(m.ttft_median_s)} / {fmt_s(m.tpot_median_s)}")
+        table.add_row("TTFT median (with queueing) / TPOT median", f"{fmt_s(m.ttft_median_s)} / {fmt_s(m.tpot_median_s)}")
         table.add_row("requests / tokens / wall", f"{m.requests} / {fmt_num(m.generated_tokens)} / {fmt_s(m.wall_s)}")
     table.add_row("lossless", lossless_verdict(report))
     if report.peak_rss_mb is not None:

@@ -73,7 +73,7 @@ def test_writes_the_three_files_and_plots(written):
     assert {"json", "md", "html"} <= set(paths)
     assert {p.name for p in run_dir.iterdir()} == {"report.json", "report.md", "report.html", "plots"}
     assert sorted(p.name for p in (run_dir / "plots").iterdir()) == [
-        "accepted_length.png", "k_usage.png", "per_position_acceptance.png", "tokens_over_time.png",
+        "accepted_length.png", "k_usage.png", "per_position_acceptance.png", "step_cost.png",
     ]
 
 
@@ -101,7 +101,8 @@ def test_markdown_has_the_key_lines(written):
     text = paths["md"].read_text(encoding="utf-8")
     assert text.splitlines()[2].startswith("**OK · run tiny-varK-20260101T000000")
     for line in (
-        "| Mean acceptance length (AL) | 3.25 |",  # (4 + 1 + 3 + 5) / 4
+        "| Mean acceptance length (AL, every step) | 3.25 |",  # (4 + 1 + 3 + 5) / 4
+        "| AL over steps with a proposal (vLLM's definition) | 4.00 |",  # 1 + 9 / 3
         "| Draft acceptance rate (AR) | 90.0 % |",  # 9 / 10
         "| K usage | K=0: 1 (25.0 %) · K=4: 3 (75.0 %) |",
         "| Padded-slot fraction | 12.5 % |",  # 2 padded of 5 + 1 + 5 + 5 verified
@@ -185,3 +186,87 @@ def test_summary_table_shows_the_headline_numbers():
     console.print(render.summary_table(make_report()))
     text = console.export_text()
     assert "3.25" in text and "90.0 %" in text and "K=4: 3 (75.0 %)" in text and "identical" in text
+    text = render.summary_table(make_report(recipe=RECIPE)).columns[1]._cells
+    assert "spdflow:tinycode-target (float32)" in text and "[0, 4]" in text and "prompt_lookup (prompt_lookup_max=3)" in text
+
+
+# ------------------------------------------------------------------------------- what ran, speed-up, step costs
+
+RECIPE = {"version": 1, "name": "tiny-varK", "model": {"id": "spdflow:tinycode-target", "dtype": "float32"},
+          "proposer": {"uses": "prompt_lookup", "with": {"prompt_lookup_max": 3}},
+          "num_speculative_tokens": [4, 0], "k_policy": "goodput", "acceptance": "auto",
+          "specialization": {"prefill_seq_len": 32, "ctx_len": 512, "batch_size": 1, "full_batch_size": 4},
+          "devices": {"backend": "onnxruntime", "device_ids": [0]},
+          "workload": {"builtin": "code", "count": 8, "max_new_tokens": 64, "temperature": 0.0, "seed": 0}}
+
+
+def test_report_says_what_ran_with_overrides_and_effective_hash():
+    report = make_report(recipe=RECIPE, overrides=["k_policy=goodput"], recipe_effective_sha256="ef" * 32)
+    text = render.render_markdown(report)
+    for line in ("| model | spdflow:tinycode-target (float32) |", "| proposer | prompt_lookup (prompt_lookup_max=3) |",
+                 "| K-list | [0, 4] |", "| K policy | goodput; acceptance auto |",
+                 "| batch | batch_size 1, continuous batching over 4 slots |",
+                 "| workload | builtin code: 8 prompts, max_new_tokens 64 |", "| sampling | greedy (temperature 0), seed 0 |",
+                 "| --set | k_policy=goodput |", "| recipe hash | efefefefefefefef (effective recipe;"):
+        assert line in text, line
+    assert "recipe hash" in render.render_html(report) and "k_policy=goodput" in render.render_html(report)
+
+
+def test_a_policy_block_and_backend_settings_are_shown():
+    recipe = {**RECIPE, "k_policy": {"uses": "goodput", "with": {"margin": 0.1}},
+              "devices": {"backend": "qaic", "device_ids": [0, 1], "with": {"num_cores": 14}}}
+    lines = dict(render.recipe_lines(make_report(recipe=recipe)))
+    assert lines["K policy"].startswith("goodput (margin=0.1)") and lines["backend"] == "qaic on devices [0, 1] (num_cores=14)"
+
+
+def test_speed_up_is_stated_when_a_baseline_ran_in_the_process():
+    from spdflow.report.model import Baseline
+
+    m = make_report().metrics
+    baseline = Baseline(decode_tokens_per_s=m.decode_tokens_per_s / 2, e2e_tokens_per_s=m.e2e_tokens_per_s / 4,
+                        tpot_median_s=m.tpot_median_s * 2)
+    report = make_report(recipe=RECIPE, baseline=baseline)
+    text = render.render_markdown(report)
+    assert "| Speed-up: decode tokens/s vs no-spec | 2.00× (" in text and "| TPOT median vs no-spec (lower is better) | 0.50× (" in text
+    assert "Measured against no-spec: decode ran at" in text and "— 2.00× (faster)" in text and "spdflow bench" in text
+    assert "speed-up vs no-spec" in render.render_html(report)
+
+
+def test_without_a_baseline_the_report_says_how_to_measure_the_speed_up():
+    text = render.render_markdown(make_report())
+    assert "rerun with --baseline (or --check-lossless)" in text
+
+
+def test_gain_is_al_minus_one():
+    text = render.render_markdown(make_report())
+    assert "gained 2.25 extra tokens per request" in text and "(AL 3.25 tokens per step" in text
+
+
+def test_step_cost_table_per_k_and_batch():
+    text = render.render_markdown(make_report())
+    assert "| 0 | 1 | 1 | 70.0 ms | 70.0 ms | 1.00× |" in text and "| 4 | 1 | 3 | 70.0 ms | 70.0 ms | 1.00× |" in text
+
+
+def test_sampled_runs_that_differ_are_not_shouted_at():
+    sampled = make_report(lossless=Lossless(checked=True, identical=False, mismatched_requests=[1],
+                                            baseline="no-spec with the same seeds (sampled: identity not expected)"))
+    verdict = render.lossless_verdict(sampled)
+    assert "DIFFERS" not in verdict and "as expected when sampling" in verdict
+    greedy = make_report(lossless=Lossless(checked=True, identical=False, mismatched_requests=[1], baseline="greedy no-spec"))
+    assert render.lossless_verdict(greedy).startswith("NOT lossless")
+
+
+def test_report_files_are_world_readable_like_the_other_outputs(tmp_path):
+    old = os.umask(0o022)
+    try:
+        paths = render.write_report_files(tmp_path, make_report(), make_records())
+    finally:
+        os.umask(old)
+    for key in ("json", "md", "html", "plot:k_usage"):
+        assert paths[key].stat().st_mode & 0o777 == 0o644, key
+
+
+def test_compile_only_report_says_generation_was_skipped():
+    stages = [StageRecord(name="generate", status="skipped", reason="compile-only: nothing to run here")]
+    text = render.render_markdown(make_report(metrics=None, lossless=None, stages=stages))
+    assert "Generation was skipped (compile-only: nothing to run here)" in text
