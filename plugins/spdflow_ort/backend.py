@@ -176,7 +176,9 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
 
     onnx.save_model(model, str(program / DYNAMIC_GRAPH))
     graphs = []
-    for spec in specs:
+    for number, spec in enumerate(specs, 1):
+        request.progress(f"specialization {number}/{len(specs)}: {spec.kind} "
+                         + " ".join(f"{k}={v}" for k, v in spec.symbols().items()))
         fixed = onnx.ModelProto()
         fixed.CopyFrom(model)
         _fix_dims(fixed, spec.symbols())

@@ -383,23 +383,28 @@ def write_layout(plan: CompilePlan) -> None:
 # ------------------------------------------------------------------------------ running
 
 
-def run_compiler(plan: CompilePlan) -> None:
-    """Run the command with stdout and stderr into compile.log; raise StageError on failure."""
+def run_compiler(plan: CompilePlan, progress=lambda message: None) -> None:
+    """Run the command with its stdout and stderr streamed into compile.log (whose path is
+    shown before the compiler starts, so a long compile can be followed with ``tail -f``);
+    raise StageError on failure with the tail of what the compiler said."""
     log_path = plan.qpc_dir / "compile.log"
+    progress(f"compiler output: {log_path} (follow with tail -f)")
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(plan.command)}\n")
         log.flush()
+        start = log.tell()
         try:
             result = subprocess.run(
-                plan.command, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+                plan.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         except OSError as exc:
             raise BackendUnavailableError(
                 f"the QAIC compiler at {plan.compiler} could not be started ({exc.strerror}); "
                 "check the Cloud AI SDK install or set QAIC_COMPILER"
             ) from None
-        stderr = result.stderr.decode("utf-8", errors="replace")
-        log.write(stderr)
+    with open(log_path, "rb") as log:
+        log.seek(start)
+        stderr = log.read()[-65536:].decode("utf-8", errors="replace")
     if result.returncode != 0 or not plan.marker.is_file():
         shutil.rmtree(plan.qpc_dir / "qpc", ignore_errors=True)  # never leave a partial program
         raise StageError(_failure_message(plan, result.returncode, stderr, log_path))
@@ -477,7 +482,7 @@ class QaicBackend(Backend):
                                  reason="compile-only: run compile.sh on a QAIC host")
         request.progress(f"compiling qpc-{plan.key} with {plan.compiler.name}")
         started = time.monotonic()
-        run_compiler(plan)
+        run_compiler(plan, request.progress)
         cache.write_done(plan.qpc_dir, {"key": plan.key})
         why = "forced rebuild" if request.force else "no compiled program for this key"
         return self._program(request, plan, cached=False,

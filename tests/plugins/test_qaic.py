@@ -547,3 +547,18 @@ def test_aic_hw_version_auto_asks_qaic_util_and_falls_back_to_ai100(record, onnx
     monkeypatch.setenv("QAIC_UTIL", str(tmp_path / "absent"))
     assert "-aic-hw-version=ai100" in QaicBackend().compile(make_request(onnx)).command
     backend.detect_hw_version.cache_clear()
+
+
+def test_compile_log_path_is_shown_before_the_compiler_runs(record, onnx):
+    import dataclasses
+
+    seen = []
+
+    def progress(message):
+        seen.append((message, any(onnx.parent.glob("qpc-*/qpc/programqpc.bin"))))
+
+    QaicBackend().compile(dataclasses.replace(make_request(onnx), progress=progress))
+    log_lines = [(m, done) for m, done in seen if "compile.log" in m]
+    assert log_lines and not log_lines[0][1], "the log path is announced before the program exists"
+    qpc_dir = next(onnx.parent.glob("qpc-*"))
+    assert str(qpc_dir / "compile.log") in log_lines[0][0]
