@@ -532,6 +532,7 @@ class Registration:
     config: "type[BaseModel] | None"
     plugin: str
     description: str = ""
+    aliases: tuple[str, ...] = ()  # other names the recipe may use (e.g. vLLM's 'ngram' for prompt_lookup)
 
 
 REGISTRATION_KINDS = ("proposer", "backend", "k_policy", "acceptor", "workload", "cost_model")

@@ -24,7 +24,7 @@ EXIT_CODES = {0: "ok", 1: "run failed or lint findings", 2: "usage error", 3: "i
 
 
 def _verbose() -> bool:
-    return os.environ.get("SPDFLOW_DEBUG") == "1" or "--verbose" in sys.argv or "-v" in sys.argv[1:2]
+    return os.environ.get("SPDFLOW_DEBUG") == "1" or "--verbose" in sys.argv or "-v" in hoist_verbose(sys.argv[1:])[:1]
 
 
 def report_error(exc: SpdflowError) -> None:
@@ -40,8 +40,31 @@ def report_error(exc: SpdflowError) -> None:
         click.echo("(re-run with --verbose for the traceback)", err=True)
 
 
+#: Options whose next word is their value, so a "-v" right after them is not the verbose flag.
+_TAKES_VALUE = {"--set", "--from", "--report", "--format", "--output", "-o", "--exclude", "--select", "--ignore",
+                "--recipe-glob", "--batch-sizes", "--modes", "--peers", "--repeats"}
+
+
+def hoist_verbose(args: list[str]) -> list[str]:
+    """``-v``/``--verbose`` anywhere on the command line (``spdflow run r.yaml -v``) moves to the
+    front, where the group option lives; words after ``--`` and option values stay put."""
+    front, rest = [], []
+    for i, word in enumerate(args):
+        if word == "--":
+            rest += args[i:]
+            break
+        if word in ("-v", "--verbose") and not (i and args[i - 1] in _TAKES_VALUE):
+            front.append(word)
+        else:
+            rest.append(word)
+    return front[:1] + rest
+
+
 class SpdflowGroup(click.Group):
     """Turns SpdflowError into one sentence and its exit code, in one place."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, hoist_verbose(list(args)))
 
     def invoke(self, ctx):
         try:

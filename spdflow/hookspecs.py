@@ -53,8 +53,8 @@ def spdflow_register_proposers(register: Callable[..., None]) -> None:
 
     Called once when the plugin manager's registry is first built.
 
-    :param register: ``register(name, factory, config=ConfigModel, description="")``.
-        ``factory(config, ctx)`` gets the validated ``with:`` block (an instance of ``config``,
+    :param register: ``register(name, factory, config=ConfigModel, description="", aliases=())``.
+        ``aliases`` are other names a recipe may use (e.g. vLLM's ``ngram``). ``factory(config, ctx)`` gets the validated ``with:`` block (an instance of ``config``,
         a pydantic model with ``extra="forbid"``) and a :class:`spdflow.api.ProposerContext`,
         and returns a :class:`spdflow.api.Proposer`. It is only called when a run starts.
 

@@ -120,10 +120,11 @@ class SpdflowPluginManager(pluggy.PluginManager):
                     continue
                 mine: list[Registration] = []
 
-                def register(name, factory, *, config=None, description="", _kind=kind, _plugin=plugin_name, _mine=mine):
+                def register(name, factory, *, config=None, description="", aliases=(), _kind=kind, _plugin=plugin_name,
+                             _mine=mine):
                     if not isinstance(name, str) or not name:
                         raise PluginError(f"plugin '{_plugin}' registered a {_kind} without a name")
-                    _mine.append(Registration(_kind, name, factory, config, _plugin, description))
+                    _mine.append(Registration(_kind, name, factory, config, _plugin, description, tuple(aliases)))
 
                 try:
                     impl.function(register)
@@ -132,15 +133,16 @@ class SpdflowPluginManager(pluggy.PluginManager):
                         f"plugin '{plugin_name}' failed in {hook_name}: {type(exc).__name__}: {exc}"
                     continue
                 for registration in mine:
-                    first = owners.setdefault((kind, registration.name), plugin_name)
-                    if first == plugin_name:
-                        table[kind][registration.name] = registration
-                        continue
-                    # Neither plugin can be trusted with the name: recipes that use it fail (exit 4).
-                    table[kind].pop(registration.name, None)
-                    message = f"{kind} '{registration.name}' is registered twice, by plugin '{first}' and by plugin '{plugin_name}'"
-                    self._conflicts[kind][registration.name] = message
-                    self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name)).error = message
+                    for key in (registration.name, *registration.aliases):  # an alias finds the same registration
+                        first = owners.setdefault((kind, key), plugin_name)
+                        if first == plugin_name:
+                            table[kind][key] = registration
+                            continue
+                        # Neither plugin can be trusted with the name: recipes that use it fail (exit 4).
+                        table[kind].pop(key, None)
+                        message = f"{kind} '{key}' is registered twice, by plugin '{first}' and by plugin '{plugin_name}'"
+                        self._conflicts[kind][key] = message
+                        self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name)).error = message
         for plugin_name, message in failed.items():
             # A plugin that broke while registering is unregistered whole, its error kept for `spdflow plugins`.
             self.infos.setdefault(plugin_name, PluginInfo(name=plugin_name)).error = message
@@ -150,7 +152,9 @@ class SpdflowPluginManager(pluggy.PluginManager):
             if self.get_plugin(plugin_name) is not None:
                 self.unregister(name=plugin_name)
         for kind, names in table.items():
-            for registration in names.values():
+            for key, registration in names.items():
+                if key != registration.name:
+                    continue  # aliases are listed with their registration, not as names of their own
                 info = self.infos.setdefault(registration.plugin, PluginInfo(name=registration.plugin))
                 info.registered.setdefault(kind, []).append(registration.name)
         self._registry = table
@@ -163,7 +167,8 @@ class SpdflowPluginManager(pluggy.PluginManager):
             return table[name]
         if name in self._conflicts[kind]:
             raise PluginError(self._conflicts[kind][name], hint="uninstall one of the two plugins")
-        raise PluginError(unknown_name_message(kind, name, list(table)), hint=unknown_name_hint(kind, name, self))
+        raise PluginError(unknown_name_message(kind, name, list(table), aliases_of(self, kind)),
+                          hint=unknown_name_hint(kind, name, self))
 
     def describe(self) -> list[PluginInfo]:
         """Every plugin with its hooks and registered names (registry built if possible)."""
@@ -200,19 +205,36 @@ def _hookimpls_of(pm: pluggy.PluginManager, plugin: Any):
                 yield caller
 
 
-def unknown_name_message(kind: str, name: str, known: list[str]) -> str:
-    label = kind.replace("_", " ")
-    message = f"unknown {label} '{name}'"
-    close = difflib.get_close_matches(name, known, n=1)
+_LABELS = {"k_policy": ("K policy", "K policies")}
+
+
+def kind_label(kind: str, plural: bool = False) -> str:
+    """``proposer`` / ``proposers``, ``K policy`` / ``K policies``: a registration kind in prose."""
+    singular, many = _LABELS.get(kind, (kind.replace("_", " "), kind.replace("_", " ") + "s"))
+    return many if plural else singular
+
+
+def unknown_name_message(kind: str, name: str, known: list[str], aliases: dict[str, str] | None = None) -> str:
+    """``unknown proposer 'ngrams'; did you mean 'ngram' (another name for 'prompt_lookup')?``"""
+    message = f"unknown {kind_label(kind)} '{name}'"
+    close = difflib.get_close_matches(name, known, n=1) or difflib.get_close_matches(name.lower(), known, n=1)
     if close:
-        message += f"; did you mean '{close[0]}'?"
+        target = (aliases or {}).get(close[0])
+        message += f"; did you mean '{close[0]}'" + (f" (another name for '{target}')?" if target else "?")
     return message
 
 
+def aliases_of(pm: "SpdflowPluginManager", kind: str) -> dict[str, str]:
+    """alias -> registered name, for one kind."""
+    return {key: r.name for key, r in pm.registry()[kind].items() if key != r.name}
+
+
 def unknown_name_hint(kind: str, name: str, pm: "SpdflowPluginManager") -> str:
-    known = sorted(pm.registry()[kind])
+    aliases = aliases_of(pm, kind)
+    known = sorted(key for key in pm.registry()[kind] if key not in aliases)
+    known = [k + "".join(f" (or {a})" for a, target in sorted(aliases.items()) if target == k) for k in known]
     broken = [i.name for i in pm.infos.values() if i.error]
-    hint = f"installed {kind.replace('_', ' ')}s: {', '.join(known) or 'none'}"
+    hint = f"installed {kind_label(kind, plural=True)}: {', '.join(known) or 'none'}"
     if broken:
         hint += f"; plugins that failed to load: {', '.join(broken)} (see `spdflow plugins`)"
     return hint

@@ -163,6 +163,10 @@ def test_default_recipe_report_says_what_ran_and_the_measured_speed_up(runner, t
     # the summary is a result: stdout; progress stays on stderr
     assert "speed-up vs no-spec" in result.stdout and "spdflow:tinycode-target" in result.stdout
     assert "speed-up vs no-spec" not in result.stderr and "generate: ran" in result.stderr
+    # progress on every long stage, as plain lines when stderr is not a terminal, none blank
+    for step in ("loading ", "tracing ", "writing weights", "specialization 1/", "generate: ", "tokens budgeted"):
+        assert step in result.stderr, step
+    assert "" not in result.stderr.rstrip("\n").split("\n")
 
 
 def test_effective_recipe_hash_changes_under_set(runner, tmp_path, monkeypatch):
@@ -175,3 +179,57 @@ def test_effective_recipe_hash_changes_under_set(runner, tmp_path, monkeypatch):
     plain = effective_recipe_sha256(load_recipe(path, pm).recipe)
     assert plain == effective_recipe_sha256(load_recipe(path, pm).recipe)
     assert plain != effective_recipe_sha256(load_recipe(path, pm, ["workload.count=3"]).recipe)
+
+
+# ------------------------------------------------------------------------------- names and words people bring
+
+
+def test_verbose_is_accepted_anywhere_on_the_command_line(runner, write_recipe):
+    from spdflow.cli import hoist_verbose
+
+    assert hoist_verbose(["run", "r.yaml", "-v"]) == ["-v", "run", "r.yaml"]
+    assert hoist_verbose(["lint", "--set", "-v", "x", "--", "-v"]) == ["lint", "--set", "-v", "x", "--", "-v"]
+    path = write_recipe(MINIMAL.replace("spdflow:tinycode-target", "./nowhere"))
+    result = runner.invoke(cli, ["run", str(path), "--verbose"])
+    assert result.exit_code == 1 and "Traceback" in result.stderr
+
+
+def test_set_errors_name_the_override_not_a_made_up_line(runner, write_recipe):
+    result = runner.invoke(cli, ["lint", str(write_recipe()), "--set", "modle.id=x"])
+    assert result.exit_code == 3
+    assert result.stdout.startswith("--set modle.id=x: SPD010 unknown key 'modle' in the recipe; did you mean 'model'?")
+    result = runner.invoke(cli, ["lint", str(write_recipe()), "--set", "num_speculative_tokens=[0,99]"])
+    assert "--set num_speculative_tokens=[0,99]: SPD015 num_speculative_tokens: K must be between 0 and 64" in result.stdout
+
+
+def test_yaml_tabs_are_explained_in_plain_words(runner, write_recipe):
+    result = runner.invoke(cli, ["lint", str(write_recipe("version: 1\nname: t\nmodel:\n\tid: x\n"))])
+    assert result.exit_code == 3
+    assert ":4:1: SPD001 invalid YAML: a tab character is used for indentation" in result.stdout
+    assert "replace the tab with spaces" in result.stdout
+
+
+def test_ngram_is_vllms_name_for_prompt_lookup(runner, write_recipe, pm):
+    assert pm.lookup("proposer", "ngram") is pm.lookup("proposer", "prompt_lookup")
+    assert runner.invoke(cli, ["lint", "--strict", str(write_recipe(MINIMAL.replace("prompt_lookup", "ngram")))]).exit_code == 0
+    result = runner.invoke(cli, ["lint", str(write_recipe(MINIMAL.replace("prompt_lookup", "ngrams")))])
+    assert "unknown proposer 'ngrams'; did you mean 'ngram' (another name for 'prompt_lookup')?" in result.stdout
+    assert "prompt_lookup (or ngram)" in result.stdout
+    plugins = {p["name"]: p for p in json.loads(runner.invoke(cli, ["plugins"]).stdout)}
+    assert plugins["proposers"]["registered"]["proposer"].count("prompt_lookup") == 1
+
+
+def test_k_policy_names_read_as_english(runner, write_recipe):
+    result = runner.invoke(cli, ["lint", str(write_recipe(MINIMAL + "k_policy: goodputt\n"))])
+    assert "unknown K policy 'goodputt'; did you mean 'goodput'?" in result.stdout and "installed K policies:" in result.stdout
+
+
+def test_schema_accepts_an_int_k_list():
+    import jsonschema
+    import yaml
+
+    schema = json.loads((REPO / "docs" / "recipe.schema.json").read_text())
+    recipe = yaml.safe_load(MINIMAL.replace("[0, 4]", "4"))
+    jsonschema.validate(recipe, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**recipe, "num_speculative_tokens": [65]}, schema)

@@ -45,6 +45,7 @@ def spdflow_register_proposers(register):
         make_prompt_lookup,
         config=PromptLookupConfig,
         description="n-gram lookup in the request's own context (longest continuation wins).",
+        aliases=("ngram",),  # vLLM's speculative method name for the same idea
     )
     register(
         "suffix",

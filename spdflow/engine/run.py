@@ -551,8 +551,10 @@ class Engine:
         blockers = run_blockers(findings, compile_only=self.options.compile_only)
         if blockers:
             count = f"{len(blockers)} problem{'s' if len(blockers) > 1 else ''}"
+            only_backend = all(f.code == "SPD104" for f in blockers)
             raise PreflightError(f"cannot run this recipe here ({count}, found before any export)", findings=blockers,
-                                 hint="`spdflow lint` shows the same checks; `--compile-only` builds without running")
+                                 hint="`--compile-only` builds the program without running it" if only_backend else
+                                 f"fix each one; `spdflow lint {self.loaded.path}` shows the same checks")
 
     def run(self) -> RunState:
         """Run every stage under a :class:`SignalGuard`: SIGINT and SIGTERM at any moment give an

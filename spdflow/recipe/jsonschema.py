@@ -35,6 +35,13 @@ def recipe_json_schema(pm) -> dict:
     for branch in schema["properties"]["k_policy"].get("anyOf", []):
         if branch.get("type") == "string":  # the bare-name form
             branch["enum"] = sorted(registry["k_policy"])
+    ks = schema["properties"].get("num_speculative_tokens")
+    if ks is not None and "anyOf" not in ks:  # an int means [K]: editors must accept both
+        item = {"type": "integer", "minimum": 0, "maximum": 64}
+        schema["properties"]["num_speculative_tokens"] = {
+            **{k: v for k, v in ks.items() if k not in ("type", "items")},
+            "anyOf": [item, {"type": "array", "items": item, "minItems": 1}],
+        }
     return schema
 
 

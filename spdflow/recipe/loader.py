@@ -107,6 +107,7 @@ def set_value(document: YamlDocument, keys: tuple[str, ...], value: Any, locatio
         del document.positions[path]
     for i in range(1, len(keys) + 1):
         document.positions.setdefault(keys[:i], location)
+        document.key_positions.setdefault(keys[:i], location)  # a key the file does not have: the override
     _mark_all(value, keys, location, document, located, located_at)
 
 
@@ -180,6 +181,8 @@ _MISSING = object()
 
 def _clean(msg: str) -> str:
     msg = msg.replace("Value error, ", "")
+    if msg[1:2].isupper() or msg[1:2] in (" ", "="):  # "K must be", "K=0": a name, not a sentence start
+        return msg
     return msg[:1].lower() + msg[1:]
 
 
@@ -317,7 +320,7 @@ def check_names(document: YamlDocument, pm) -> list[Finding]:
 
     Works on the raw data, so unknown names are reported alongside schema errors.
     """
-    from spdflow.plugins import unknown_name_hint, unknown_name_message
+    from spdflow.plugins import aliases_of, unknown_name_hint, unknown_name_message
 
     findings = []
     registry = pm.registry()
@@ -327,7 +330,8 @@ def check_names(document: YamlDocument, pm) -> list[Finding]:
         name = _value_at(document.data, path)
         if not isinstance(name, str) or name in registry[kind] or (kind == "acceptor" and name == "auto"):
             continue
-        findings.append(Finding(document.location(path), code, unknown_name_message(kind, name, list(registry[kind])),
+        findings.append(Finding(document.location(path), code,
+                                unknown_name_message(kind, name, list(registry[kind]), aliases_of(pm, kind)),
                                 unknown_name_hint(kind, name, pm)))
     return findings
 

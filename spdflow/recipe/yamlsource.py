@@ -71,6 +71,8 @@ class Location:
     col: int = 1
 
     def render(self) -> str:
+        if self.source.startswith("--set "):
+            return self.source  # an override has no lines: name it, not a made-up 1:1
         return f"{self.source}:{self.line}:{self.col}"
 
 
@@ -218,6 +220,30 @@ def _check_depth(text: str, source: str) -> None:
         loader.dispose()
 
 
+def plain_yaml_problem(problem: str, text: str, mark) -> tuple[str, str]:
+    """PyYAML's wording of a syntax error in plain words, with a hint that says what to do."""
+    line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+    if "\\t" in problem or "\t" in line[: (mark.column + 1) if mark else 0]:
+        return ("invalid YAML: a tab character is used for indentation",
+                "YAML indents with spaces only: replace the tab with spaces")
+    if "mapping values are not allowed" in problem:
+        return ("invalid YAML: a second ':' on this line (a value cannot hold an unquoted 'key: value')",
+                "quote the value (name: \"a: b\") or put the nested key on its own, indented line")
+    if "could not find expected ':'" in problem:
+        return ("invalid YAML: a line here has no ':' (every line of a mapping is 'key: value')",
+                "add the ':' or indent the line under its key")
+    if "expected <block end>" in problem or "did not find expected key" in problem:
+        return ("invalid YAML: the indentation does not line up with the lines above",
+                "indent keys of one mapping by the same number of spaces")
+    if "found unexpected end of stream" in problem or "while scanning a quoted scalar" in problem:
+        return "invalid YAML: a quote is opened and never closed", "close the quote on the same value"
+    if "found undefined alias" in problem:
+        return "invalid YAML: '*name' refers to an anchor '&name' that is not defined", "define the anchor or write the value"
+    if "expected ',' or ']'" in problem or "expected ',' or '}'" in problem:
+        return "invalid YAML: a [list] or {mapping} is not closed, or lacks a ','", "close the bracket and separate items with ','"
+    return f"invalid YAML: {problem}", "check indentation (spaces only) and quoting"
+
+
 def parse_yaml(text: str, source: str) -> YamlDocument:
     """Parse one YAML document into plain data with positions; raises YamlProblem."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
@@ -235,7 +261,8 @@ def parse_yaml(text: str, source: str) -> YamlDocument:
         mark = exc.problem_mark or exc.context_mark
         location = Location(source, mark.line + 1, mark.column + 1) if mark else Location(source)
         problem = (exc.problem or exc.context or "invalid YAML").strip()
-        raise YamlProblem(Finding(location, "SPD001", f"invalid YAML: {problem}", "check indentation and quoting"))
+        message, hint = plain_yaml_problem(problem, text, mark)
+        raise YamlProblem(Finding(location, "SPD001", message, hint))
     except yaml.YAMLError as exc:
         raise YamlProblem(Finding(Location(source), "SPD001", f"invalid YAML: {exc}"))
     except RecursionError:
