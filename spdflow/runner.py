@@ -19,8 +19,12 @@ def run_recipe(pm, loaded: LoadedRecipe, options: RunOptions, *, quiet: bool = F
         engine.run()
     except Exception as exc:
         if hasattr(exc, "hint") and getattr(exc, "hint", None) is None and (engine.run_dir / "report.json").exists():
-            exc.hint = f"partial report: {engine.run_dir / 'report.json'}; resume with " \
-                       f"`spdflow run {loaded.path}" + (f" --from {_resume_stage(engine)}`" if _resume_stage(engine) else "`")
+            import shlex
+
+            again = shlex.join(["spdflow", "run", str(loaded.path), *(w for o in loaded.overrides for w in ("--set", o))])
+            stage = _resume_stage(engine)
+            exc.hint = f"partial report: {engine.run_dir / 'report.json'}; resume with `{again}" + \
+                       (f" --from {stage}`" if stage else "`")
         raise
     report = json.loads((engine.run_dir / "report.json").read_text())
     if summary and not quiet:

@@ -158,12 +158,21 @@ def fmt_x(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
+def error_text(report: RunReport) -> str:
+    """``stage: message``, without repeating a stage the message already names."""
+    error = report.error
+    if error is None:
+        return ""
+    if error.stage and not error.message.startswith(f"{error.stage}:"):
+        return f"{error.stage}: {error.message}"
+    return error.message
+
+
 def status_line(report: RunReport) -> str:
     """``ok · run tiny-varK-20260101T120000 · 12.31 s`` (plus the error when there is one)."""
     parts = [report.status.upper(), f"run {report.run_id}", fmt_s(report.duration_s)]
     if report.error is not None:
-        where = f"{report.error.stage}: " if report.error.stage else ""
-        parts.append(f"{where}{report.error.message}")
+        parts.append(error_text(report))
     return " · ".join(parts)
 
 
@@ -455,7 +464,7 @@ def render_html(report: RunReport, plots: list | None = None) -> str:
         f'<span class="sub">{_e(status_line(report).split(" · ", 1)[1])}</span></p>',
     ]
     if report.error is not None:
-        parts.append(f'<p class="error">{_e(report.error.stage or "run")}: {_e(report.error.message)}</p>')
+        parts.append(f'<p class="error">{_e(error_text(report))}</p>')
     if report.metrics is not None:
         parts.append(_cards(report.metrics, report))
     placed = {"Step cost per K": [p for p in plots or [] if p.name == "step_cost"]}
