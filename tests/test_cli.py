@@ -184,8 +184,10 @@ def test_effective_recipe_hash_changes_under_set(runner, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------- names and words people bring
 
 
-def test_verbose_is_accepted_anywhere_on_the_command_line(runner, write_recipe):
+def test_verbose_is_accepted_anywhere_on_the_command_line(runner, write_recipe, monkeypatch):
     from spdflow.cli import hoist_verbose
+
+    monkeypatch.setenv("SPDFLOW_DEBUG", "0")  # --verbose sets it to 1; monkeypatch removes it after the test
 
     assert hoist_verbose(["run", "r.yaml", "-v"]) == ["-v", "run", "r.yaml"]
     assert hoist_verbose(["lint", "--set", "-v", "x", "--", "-v"]) == ["lint", "--set", "-v", "x", "--", "-v"]
