@@ -32,18 +32,7 @@ def lint_one(write_recipe, pm, text, **files):
     return lint_paths([str(path)], pm)
 
 
-FILE_RECIPE = """\
-version: 1
-name: t
-model:
-  id: spdflow:tinycode-target
-proposer:
-  uses: prompt_lookup
-num_speculative_tokens: [0, 4]
-workload:
-  file: prompts.txt
-  max_new_tokens: 8
-"""
+FILE_RECIPE = MINIMAL.replace('prompts: ["def f(x):"]', "file: prompts.txt")  # the file at line 9, col 9
 
 
 def test_missing_prompt_file_is_caught_at_its_key(write_recipe, pm):
