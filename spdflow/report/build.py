@@ -16,6 +16,7 @@ from spdflow.report.model import (
     PluginRecord,
     RunReport,
     StageRecord,
+    TimedCosts,
     collect_environment,
     make_artifact,
 )
@@ -47,6 +48,7 @@ def write_run_report(engine) -> RunReport:
         metrics=metrics,
         lossless=Lossless(**state.lossless) if state.lossless else None,
         baseline=Baseline(**state.baseline) if getattr(state, "baseline", None) else None,
+        timed_costs=_timed_costs(run_dir),
         peak_rss_mb=peak_rss_mb(),
         error=ErrorRecord(**state.error) if state.error else None,
         started_at=state.started_at,
@@ -57,6 +59,18 @@ def write_run_report(engine) -> RunReport:
     if engine.options.report_path:
         cache.write_text_atomic(Path(engine.options.report_path), (run_dir / "report.json").read_text())
     return report
+
+
+def _timed_costs(run_dir: Path) -> list[TimedCosts]:
+    """The run's cost grid, if generation wrote one; a report never fails over it."""
+    from spdflow.costs import read_grid
+    from spdflow.errors import SpdflowError
+
+    try:
+        grid = read_grid(run_dir)
+    except SpdflowError:
+        return []
+    return [TimedCosts(batch=b, verify_s=e.verify_s, switch_s=e.switch_s) for b, e in sorted(grid.items())]
 
 
 def effective_recipe_sha256(recipe) -> str:

@@ -96,6 +96,14 @@ class Baseline(_Model):
     step_costs: list[StepCost] = Field(default_factory=list, description="The baseline's verify time per (K=0, batch).")
 
 
+class TimedCosts(_Model):
+    """Every compiled K timed at one batch size after generation (``cost_grid.json``)."""
+
+    batch: int = Field(description="Rows of the timed shapes.")
+    verify_s: dict[int, float] = Field(description="K -> median seconds of a verify run repeated at that K.")
+    switch_s: float | None = Field(None, description="Extra seconds of the first run after a change of K.")
+
+
 class ErrorRecord(_Model):
     """Why a run failed or stopped."""
 
@@ -125,6 +133,9 @@ class RunReport(_Model):
     metrics: Metrics | None = Field(None, description="Generation metrics; null when generation did not run.")
     lossless: Lossless | None = Field(None, description="Comparison with the no-spec baseline, when done.")
     baseline: Baseline | None = Field(None, description="No-spec speed measured in this process, when it ran.")
+    timed_costs: list[TimedCosts] = Field(
+        default_factory=list, description="Every compiled K timed after generation (from cost_grid.json), per batch."
+    )
     peak_rss_mb: float | None = Field(None, description="Peak resident memory of the run process (MiB).")
     error: ErrorRecord | None = Field(None, description="Set when status is failed or interrupted.")
     started_at: str = Field(description="Start time, ISO 8601 with time zone.")

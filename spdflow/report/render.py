@@ -250,8 +250,17 @@ def _step_costs(m: Metrics, report: RunReport) -> Section:
             for c in baseline if c.k == 0]
     rows += [[str(c.k), str(c.batch), str(c.steps), fmt_s(c.verify_median_s), fmt_s(c.verify_p90_s),
               fmt_x(c.verify_median_s / k0[c.batch]) if k0.get(c.batch) else "—"] for c in m.step_costs]
-    lines = ["Measured verify time of the decode steps that ran, per K and batch rows. Speculating K tokens pays "
-             "when the tokens a step gains (AL) grow faster than its cost relative to K=0."]
+    for timed in report.timed_costs:
+        zero = timed.verify_s.get(0)
+        rows += [[f"{k} (timed)", str(timed.batch), "—", fmt_s(v), "—", fmt_x(v / zero) if zero else "—"]
+                 for k, v in sorted(timed.verify_s.items())]
+    lines = ["Measured verify time of the decode steps that ran, per K and batch rows; rows marked (timed) are "
+             "every compiled K run in blocks of one K after generation (cost_grid.json), so K never switches "
+             "there. Speculating K tokens pays when the tokens a step gains (AL) grow faster than its cost "
+             "relative to K=0."]
+    switches = [f"batch {t.batch}: {fmt_s(t.switch_s)}" for t in report.timed_costs if t.switch_s is not None]
+    if switches:
+        lines.append("Extra time of the first step after a change of K: " + ", ".join(switches) + ".")
     return Section("Step cost per K", lines, ["K", "batch", "steps", "verify median", "verify p90", "vs K=0"], rows)
 
 

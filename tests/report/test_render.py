@@ -270,3 +270,11 @@ def test_compile_only_report_says_generation_was_skipped():
     stages = [StageRecord(name="generate", status="skipped", reason="compile-only: nothing to run here")]
     text = render.render_markdown(make_report(metrics=None, lossless=None, stages=stages))
     assert "Generation was skipped (compile-only: nothing to run here)" in text
+
+
+def test_timed_costs_of_every_compiled_k_join_the_step_cost_table():
+    from spdflow.report.model import TimedCosts
+
+    report = make_report(timed_costs=[TimedCosts(batch=1, verify_s={0: 0.02, 4: 0.03, 7: 0.04}, switch_s=0.005)])
+    text = render.render_markdown(report)
+    assert "| 7 (timed) | 1 | — | 40.0 ms | — | 2.00× |" in text and "after a change of K: batch 1: 5.0 ms." in text
