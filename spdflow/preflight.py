@@ -5,7 +5,7 @@ One function, :func:`preflight`, serves ``spdflow lint``, ``spdflow run --dry-ru
 never disagree. It checks what the schema cannot see because it depends on files and this
 machine:
 
-* SPD111 the target model and any model a proposer names (``proposer.with.model``) exist:
+* SPD111 the target model and any model a proposer declares (a draft, ``proposer.with.model``) exist:
   a local directory with ``config.json``, an embedded model, or a hub id in the local HF cache;
 * SPD107 ``workload.file`` exists, is readable, is UTF-8 text and parses (``.jsonl``);
 * SPD108 ``workload.count`` asks for more prompts than the file or inline list has;
@@ -57,13 +57,20 @@ class PreflightContext:
 # ------------------------------------------------------------------------------- models
 
 
-def proposer_model_ids(loaded: LoadedRecipe) -> list[tuple[str, str | None]]:
-    """Models a proposer's ``with:`` block names: ``[(model id, revision)]`` (e.g. draft_model's ``model``)."""
+def proposer_model_ids(loaded: LoadedRecipe) -> list[tuple[str, tuple]]:
+    """Models the proposer declares (``auxiliary_models()`` of its config, e.g. draft_model's
+    draft): ``[(model id, recipe key path)]``, the path being the ``with:`` key that holds the id."""
+    from spdflow.api import auxiliary_models
+
     config = loaded.proposer_config
-    model = getattr(config, "model", None)
-    if isinstance(model, str) and model:
-        return [(model, getattr(config, "revision", None))]
-    return []
+    if config is None:
+        return []
+    written = loaded.recipe.proposer.with_ if loaded.recipe.proposer is not None else {}
+    found = []
+    for aux in auxiliary_models(config):
+        key = next((k for k, v in written.items() if v == aux.model_id), None)
+        found.append((aux.model_id, ("proposer", "with", key) if key else ("proposer", "with")))
+    return found
 
 
 def check_models(ctx: PreflightContext) -> list[Finding]:
@@ -72,8 +79,7 @@ def check_models(ctx: PreflightContext) -> list[Finding]:
 
     recipe = ctx.loaded.recipe
     wanted = [(("model", "id"), "model.id", recipe.model.id, recipe.model.revision)]
-    wanted += [(("proposer", "with", "model"), "proposer.with.model", model_id, revision)
-               for model_id, revision in proposer_model_ids(ctx.loaded)]
+    wanted += [(path, ".".join(path), model_id, None) for model_id, path in proposer_model_ids(ctx.loaded)]
     findings = []
     for path, key, model_id, revision in wanted:
         try:
