@@ -169,6 +169,23 @@ def test_default_recipe_report_says_what_ran_and_the_measured_speed_up(runner, t
     assert "" not in result.stderr.rstrip("\n").split("\n")
 
 
+def test_report_records_its_own_stage_and_cache_reasons_read_once(runner, tmp_path, monkeypatch):
+    """report.json lists the report stage as ran (not not_run), and a cached stage's line says
+    'cached (key …)' once, not 'cached (cached (key …))'."""
+    monkeypatch.chdir(tmp_path)
+    args = ["run", str(REPO / "recipes" / "tinycode_nospec.yaml"), "--set", "workload.count=1",
+            "--set", "workload.max_new_tokens=4"]
+    assert runner.invoke(cli, args).exit_code == 0
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    run_dir = next((tmp_path / "runs").iterdir())
+    stages = json.loads((run_dir / "report.json").read_text())["stages"]
+    stages = {s["name"]: s for s in stages} if isinstance(stages, list) else stages
+    assert stages["report"]["status"] == "ran", stages["report"]
+    assert "export: cached (key " in result.stderr and "compile: cached (key " in result.stderr, result.stderr
+    assert "cached (cached" not in result.stderr and "| not_run" not in (run_dir / "report.md").read_text()
+
+
 def test_effective_recipe_hash_changes_under_set(runner, tmp_path, monkeypatch):
     from spdflow.plugins import get_plugin_manager
     from spdflow.recipe.loader import load_recipe

@@ -289,7 +289,7 @@ class OrtBackend(Backend):
 
         problem = None if request.force else program_problem(qpc_dir, verify=request.verify)
         if not request.force and problem is None:
-            return self._program(request, qpc_dir, key, cached=True, reason=f"cached (key {key})")
+            return self._program(request, qpc_dir, key, cached=True, reason=f"key {key}")
         if request.force:
             why = "forced rebuild"
         elif qpc_dir.exists():

@@ -252,7 +252,7 @@ class Engine:
         if not should_force("export", self.options):
             marker, why = cache.read_done(target, verify=self.options.verify)
             if marker is not None:
-                return target / marker["onnx"], _model_info(marker["model_info"]), key, True, f"cached (key {key[:8]}…)"
+                return target / marker["onnx"], _model_info(marker["model_info"]), key, True, f"key {key[:8]}…"
             if target.exists():
                 self.ui.warn(f"export of {role} model in '{target}' is not trusted ({why}); rebuilding")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -653,11 +653,15 @@ class Engine:
     def _write_report(self) -> None:
         self.pm.hook.spdflow_after_run(recipe=self.recipe, run=self.state)
         stage, start = self._begin("report")
+        files = "report.json, report.md, report.html"
+        # report.json records its own stage as ran: it is written by this very stage, so a failure
+        # to write it leaves no report.json to contradict (the stage line then says failed).
+        stage.status, stage.reason = "ran", files
         try:
             from spdflow.report.build import write_run_report
 
             write_run_report(self)
-            self._end(stage, start, "ran", "report.json, report.md, report.html")
+            self._end(stage, start, "ran", files)
         except Exception as exc:  # the report must never hide the run's own error
             self._end(stage, start, "failed", _one_line(exc))
             if self.state.status == "ok":
