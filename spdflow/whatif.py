@@ -20,6 +20,9 @@ What is exact and what is not (stated with every prediction, :func:`fidelity`):
 * a sampled run: a proposal is accepted when it equals the token the run sampled there, which
   on average is the chance the target samples it (exact on average for point-mass proposals,
   an underestimate for proposals with draft probabilities); an estimate.
+
+Proposers that read the target's own outputs (``target_outputs``: multi_projection's head
+logits, eagle's hidden states) are refused: a run records tokens, not those outputs.
 """
 from __future__ import annotations
 
@@ -389,6 +392,7 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     from spdflow.engine.run import Engine, NullUI, RunOptions
 
     check_scenario(run, scenario)
+    check_replayable_proposer(pm, run, scenario)
     recipe = batch_recipe(run.recipe, scenario.batch_size)
     settings = own_settings(recipe, scenario.policy)
     recipe = recipe.model_copy(update={"num_speculative_tokens": list(scenario.k_list),
@@ -446,6 +450,21 @@ def check_scenario(run: RunData, scenario: Scenario) -> None:
     if max(ks) + 1 > run.recipe.specialization.prefill_seq_len:
         raise UsageError(f"K = {max(ks)} needs prefill_seq_len ≥ {max(ks) + 1}, the run has "
                          f"{run.recipe.specialization.prefill_seq_len}")
+
+
+def check_replayable_proposer(pm, run: RunData, scenario: Scenario) -> None:
+    """Refuse a proposer that reads the target's own outputs (multi_projection's head logits,
+    eagle's hidden states): the replay's target answers with recorded tokens only, so such a
+    proposer would see nothing and the prediction would be silently wrong."""
+    proposer = run.recipe.proposer
+    if proposer is None or scenario.policy == "nospec" or max(scenario.k_list) == 0:
+        return
+    needs = getattr(pm.lookup("proposer", proposer.uses).factory, "target_outputs", ()) or ()
+    if needs:
+        raise UsageError(
+            f"what-if cannot replay proposer '{proposer.uses}': it proposes from the target's "
+            f"{' and '.join(needs)}, which a run does not record",
+            hint="measure it with spdflow run or spdflow bench, or replay this run with --k-list 0")
 
 
 def own_scenario(run: RunData) -> Scenario:

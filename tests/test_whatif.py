@@ -243,3 +243,21 @@ def test_a_cost_model_that_includes_the_host_leaves_only_priced_time(greedy_run)
     assert f.host_s == 0.0 and f.propose_s == 0.0
     assert f.verify_s == pytest.approx(f.steps * cost.verify_s(1, 0))
     assert any("prices whole steps" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("proposer", ["multi_projection", "eagle"])
+def test_whatif_refuses_a_proposer_that_reads_the_target_outputs(greedy_run, proposer):
+    import dataclasses
+
+    from spdflow.errors import UsageError
+    from spdflow.recipe.schema import ProposerSpec
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    recipe = run.recipe.model_copy(update={"proposer": ProposerSpec(uses=proposer)})
+    run = dataclasses.replace(run, loaded=dataclasses.replace(run.loaded, recipe=recipe))
+    cost = make_cost_model(pm, run, "measured")
+    with pytest.raises(UsageError, match=f"cannot replay proposer '{proposer}': it proposes from the target's"):
+        replay(pm, run, own_scenario(run), cost)
+    nospec = replay(pm, run, Scenario((0,), "nospec", 1), cost)  # K = 0 needs no proposer
+    assert nospec.identical
