@@ -104,6 +104,29 @@ def tiny_speculator_model_dir(spdflow_workdir):
 
 
 @pytest.fixture(scope="session")
+def embedded_target_dir(spdflow_workdir):
+    """A copy of the embedded target with its trained heads and EAGLE layer (a copy, so tests
+    never write next to the package's files)."""
+    import shutil
+
+    from spdflow.zoo import zoo_path
+
+    path = spdflow_workdir / "models" / "tinycode-target"
+    if not path.is_dir():
+        shutil.copytree(zoo_path("tinycode-target"), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def embedded_target_eos_dir(spdflow_workdir, embedded_target_dir):
+    """``embedded_target_dir`` where every id = 3 (mod 8) is an EOS token."""
+    from spdflow.testing import fixtures
+
+    return fixtures.make_eos_variant(embedded_target_dir, spdflow_workdir / "models" / "tinycode-target-eos",
+                                     range(3, 4096, 8))
+
+
+@pytest.fixture(scope="session")
 def tiny_speculator_eos_model_dir(spdflow_workdir, tiny_speculator_model_dir):
     """``tiny_speculator_model_dir`` where every id = 3 (mod 8) is an EOS token."""
     from spdflow.testing import fixtures

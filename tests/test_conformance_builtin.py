@@ -46,3 +46,30 @@ class TestMultiProjection(ProposerConformance):
 
 class TestEagle(TestMultiProjection):
     proposer = "eagle"
+
+
+class TestMultiProjectionEmbedded(ProposerConformance):
+    """The trained heads the embedded target ships (the tiny random ones above rarely land)."""
+
+    proposer = "multi_projection"
+
+    @pytest.fixture
+    def tiny_model_dir(self, embedded_target_dir):
+        return embedded_target_dir
+
+    @pytest.fixture
+    def tiny_eos_model_dir(self, embedded_target_eos_dir):
+        return embedded_target_eos_dir
+
+    def test_trained_proposals_are_accepted(self, conformance):
+        """The shipped weights load and help: some verified proposals of the embedded model are
+        accepted (an untrained or mis-loaded speculator almost never lands a token)."""
+        run = conformance.run("batch1-K3")
+        accepted = [row["accepted"] for step in run.steps() for row in step["rows"]]
+        assert sum(accepted) >= len(accepted) // 10, f"{sum(accepted)} tokens accepted in {len(accepted)} rows"
+
+
+class TestEagleEmbedded(TestMultiProjectionEmbedded):
+    """The trained EAGLE layer the embedded target ships."""
+
+    proposer = "eagle"

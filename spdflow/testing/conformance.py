@@ -228,7 +228,7 @@ def run_scenario(proposer: str, config: dict, scenario: Scenario, model_dir: Pat
 
 
 class RunStore:
-    """Runs each (proposer, config, scenario) once per test session."""
+    """Runs each (proposer, config, scenario, model) once per test session."""
 
     def __init__(self, work_dir: Path):
         self.work_dir = work_dir
@@ -236,7 +236,9 @@ class RunStore:
 
     def get(self, proposer: str, config: dict, scenario: Scenario, model_dirs: dict[str, Path],
             plugins: Sequence[Any] = ()) -> ScenarioRun:
-        key = (proposer, json.dumps(config, sort_keys=True, default=str), scenario.id, tuple(map(id, plugins)))
+        # The model is part of the key: two classes may run one proposer on different models.
+        key = (proposer, json.dumps(config, sort_keys=True, default=str), scenario.id, tuple(map(id, plugins)),
+               str(model_dirs[scenario.model]))
         if key not in self.runs:
             # One output dir for every run: exports and compiled programs are shared (cached).
             self.runs[key] = run_scenario(proposer, config, scenario, model_dirs[scenario.model], self.work_dir, plugins)
