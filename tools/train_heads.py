@@ -148,6 +148,11 @@ def head_batches(data: dict, num_heads: int, batch: int, steps: int, seed: int):
         yield all_h[pick], all_y[pick]
 
 
+LR_SCHEDULE = "linear warm-up over the first 5 % of steps, then cosine from lr_max down to 0.1 * lr_max"
+EAGLE_STEPS = 800
+EAGLE_UNROLL = 1.0
+
+
 def lr_at(step: int, steps: int, peak: float) -> float:
     warm = max(1, steps // 20)
     if step < warm:
@@ -159,11 +164,11 @@ def train_heads(model, data: dict, args, state: dict) -> torch.nn.ModuleList:
     d = model.config.hidden_size
     heads = spec.build_projections(d, args.heads, 1)
     opt = torch.optim.AdamW(heads.parameters(), lr=args.head_lr, weight_decay=0.0)
-    start = 0
+    start, spent = 0, 0.0
     if "heads_running" in state:
         heads.load_state_dict(state["heads_running"]["model"])
         opt.load_state_dict(state["heads_running"]["opt"])
-        start = state["heads_running"]["step"]
+        start, spent = state["heads_running"]["step"], state["heads_running"].get("seconds", 0.0)
     lm_head = model.lm_head
     batches = head_batches(data, args.heads, args.head_batch, args.head_steps, args.seed)
     losses = state.setdefault("heads_log", [])
@@ -178,12 +183,16 @@ def train_heads(model, data: dict, args, state: dict) -> torch.nn.ModuleList:
         loss.backward()
         opt.step()
         if step % 50 == 0 or step == args.head_steps - 1:
-            losses.append({"step": step, "loss": round(loss.item(), 4), "t": round(time.time() - began, 1)})
+            losses.append({"step": step, "loss": round(loss.item(), 4), "t": round(spent + time.time() - began, 1)})
             log(f"heads step {step}/{args.head_steps} loss {loss.item():.3f}")
-        if args.deadline and time.time() > args.deadline:
-            state["heads_running"] = {"model": heads.state_dict(), "opt": opt.state_dict(), "step": step + 1}
-            raise TimeoutError
+        if (step + 1) % args.checkpoint_every == 0 or (args.deadline and time.time() > args.deadline):
+            state["heads_running"] = {"model": heads.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                                      "seconds": spent + time.time() - began}
+            save_atomic(state, args.work / "checkpoint.pt")
+            if args.deadline and time.time() > args.deadline:
+                raise TimeoutError
     state.pop("heads_running", None)
+    state["heads_seconds"] = spent + time.time() - began
     return heads.eval()
 
 
@@ -195,8 +204,22 @@ def eagle_sequences(data: dict):
     return [(g["tokens"], g["hidden"]) for g in data["groups"]]
 
 
-def eagle_loss(draft, model, tokens, feats, noise: float, gen: torch.Generator | None):
-    """EAGLE-1 loss on rows ``t = 0 .. T-3``: predict f_{t+1} and token t+2."""
+def soft_cross_entropy(model, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of LM head(pred) against the target's own next-token distribution
+    LM head(target) (EAGLE-1's classification loss)."""
+    vocab = model.lm_head.weight.shape[0]
+    with torch.no_grad():
+        p = torch.softmax(model.lm_head(target).reshape(-1, vocab), dim=-1)
+    return -(p * torch.log_softmax(model.lm_head(pred).reshape(-1, vocab), dim=-1)).sum(-1).mean()
+
+
+def eagle_loss(draft, model, tokens, feats, noise: float, gen: torch.Generator | None, cls_weight: float,
+               unroll: float):
+    """EAGLE-1 loss on rows ``t = 0 .. T-3``: predict f_{t+1} (smooth L1) and the target's
+    distribution of token t+2 (soft cross-entropy). With ``unroll`` > 0 a second pass feeds the
+    layer its own (detached) predicted features, as drafting does from the second token on,
+    and adds that pass's loss times ``unroll`` (a one-step "training-time test", as HASS and
+    EAGLE-3 do it, without their tree masks)."""
     emb = model.model.embed_tokens(tokens[:, 1:-1])
     inp = feats[:, :-2]
     if noise:
@@ -204,11 +227,14 @@ def eagle_loss(draft, model, tokens, feats, noise: float, gen: torch.Generator |
     pred = draft(emb, inp)
     target = feats[:, 1:-1]
     regression = F.smooth_l1_loss(pred, target)
-    # Hard labels (the next tokens; the target's own greedy tokens in the generated part) rather
-    # than EAGLE-1's soft target distribution: one LM-head pass less per step on a shared CPU.
-    logits = model.lm_head(pred)
-    classification = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 2:].reshape(-1))
-    return regression + 0.1 * classification, regression, classification
+    classification = soft_cross_entropy(model, pred, target)
+    loss = regression + cls_weight * classification
+    if unroll:
+        # row t' = t+1 reads token t'+1 and the predicted feature of t' (made from f_{t'-1})
+        pred2 = draft(model.model.embed_tokens(tokens[:, 2:-1]), pred[:, :-1].detach())
+        target2 = feats[:, 2:-1]
+        loss = loss + unroll * (F.smooth_l1_loss(pred2, target2) + cls_weight * soft_cross_entropy(model, pred2, target2))
+    return loss, regression, classification
 
 
 def train_eagle(model, data: dict, args, state: dict) -> spec.EagleDraft:
@@ -223,15 +249,14 @@ def train_eagle(model, data: dict, args, state: dict) -> spec.EagleDraft:
         d = model.config.hidden_size
         draft.fc.weight[:, d:] = torch.eye(d)
     opt = torch.optim.AdamW(draft.parameters(), lr=args.eagle_lr, weight_decay=0.0)
-    start = 0
+    start, spent = 0, 0.0
     if "eagle_running" in state:
         draft.load_state_dict(state["eagle_running"]["model"])
         opt.load_state_dict(state["eagle_running"]["opt"])
-        start = state["eagle_running"]["step"]
+        start, spent = state["eagle_running"]["step"], state["eagle_running"].get("seconds", 0.0)
     seqs = eagle_sequences(data)
     order = random.Random(args.seed)
     picks = [(order.randrange(len(seqs)), order.random()) for _ in range(args.eagle_steps)]
-    gen = torch.Generator().manual_seed(args.seed)
     losses = state.setdefault("eagle_log", [])
     began = time.time()
     for step, (gi, frac) in enumerate(picks):
@@ -244,20 +269,24 @@ def train_eagle(model, data: dict, args, state: dict) -> spec.EagleDraft:
         rows = torch.randperm(n, generator=torch.Generator().manual_seed(step))[: args.eagle_batch]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.eagle_steps, args.eagle_lr)
-        loss, reg, cls = eagle_loss(draft, model, tokens[rows], feats[rows], 0.1, noise_gen)
+        loss, reg, cls = eagle_loss(draft, model, tokens[rows], feats[rows], 0.1, noise_gen,
+                                    args.eagle_cls_weight, args.eagle_unroll)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         if step % 25 == 0 or step == args.eagle_steps - 1:
             losses.append({"step": step, "loss": round(loss.item(), 4), "regression": round(reg.item(), 4),
-                           "classification": round(cls.item(), 4), "t": round(time.time() - began, 1)})
+                           "classification": round(cls.item(), 4), "t": round(spent + time.time() - began, 1)})
             log(f"eagle step {step}/{args.eagle_steps} loss {loss.item():.3f} (reg {reg.item():.3f} cls {cls.item():.3f})")
-        if args.deadline and time.time() > args.deadline:
-            state["eagle_running"] = {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step + 1}
-            raise TimeoutError
-    del gen
+        if (step + 1) % args.checkpoint_every == 0 or (args.deadline and time.time() > args.deadline):
+            state["eagle_running"] = {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                                      "seconds": spent + time.time() - began}
+            save_atomic(state, args.work / "checkpoint.pt")
+            if args.deadline and time.time() > args.deadline:
+                raise TimeoutError
     state.pop("eagle_running", None)
+    state["eagle_seconds"] = spent + time.time() - began
     return draft.eval()
 
 
@@ -334,6 +363,64 @@ def eagle_proposer(model, draft, window: int = 48):
     return propose
 
 
+def spec_heads(state: dict, hidden_size: int, num_heads: int):
+    heads = spec.build_projections(hidden_size, num_heads, 1)
+    heads.load_state_dict({k.removeprefix("projections."): v for k, v in state.items()})
+    return heads.eval()
+
+
+def spec_eagle(state: dict, config):
+    draft = spec.EagleDraft(spec.eagle_layer_config(config, state["layers.0.mlp.up_proj.weight"].shape[0]))
+    draft.load_state_dict(state, strict=False)
+    return draft.eval()
+
+
+@torch.no_grad()
+def head_hits(model, heads, runs) -> list[dict]:
+    """Per head, how often the target's token ``i`` places after the next one is its top-1 and
+    within its top-5, over every generated position of the eval runs (no chaining: what limits
+    a head itself, and what a top-k tree could gain)."""
+    out = []
+    for i, head in enumerate(heads, start=1):
+        top1 = top5 = n = 0
+        for seq, hidden, prompt_len in runs:
+            rows = range(prompt_len - 1, len(seq) - 1 - i)
+            if not len(rows):
+                continue
+            logits = model.lm_head(head(hidden[list(rows)]))
+            truth = seq[[t + 1 + i for t in rows]]
+            best = logits.topk(5, dim=-1).indices
+            top1 += int((best[:, 0] == truth).sum())
+            top5 += int((best == truth[:, None]).any(-1).sum())
+            n += len(rows)
+        out.append({"head": i, "top1": round(top1 / n, 3), "top5": round(top5 / n, 3), "positions": n})
+    return out
+
+
+@torch.no_grad()
+def eagle_teacher_forced(model, draft, runs) -> dict:
+    """Top-1 agreement of the layer with the target when fed the target's *true* features over
+    the whole context (the first draft token's situation, without the 48-position window),
+    against the same after one step on its own predicted features (the second token's)."""
+    first = second = n1 = n2 = 0
+    for seq, hidden, prompt_len in runs:
+        pred = draft(model.model.embed_tokens(seq[1:])[None], hidden[:-1][None])[0]  # row t -> f_{t+1}
+        target = model.lm_head(hidden[1:]).argmax(-1)
+        guess = model.lm_head(pred).argmax(-1)
+        gen = slice(prompt_len - 1, None)
+        first += int((guess[gen] == target[gen]).sum())
+        n1 += len(target[gen])
+        # row t' = t+1 fed the predicted f_{t'}; the true features before it stay as context
+        pred2 = draft(model.model.embed_tokens(seq[2:])[None], pred[:-1][None])[0]
+        guess2 = model.lm_head(pred2).argmax(-1)
+        first_ok = guess[:-1] == target[:-1]
+        ok2 = (guess2 == target[1:])[prompt_len - 1:] & first_ok[prompt_len - 1:]
+        second += int(ok2.sum())
+        n2 += int(first_ok[prompt_len - 1:].sum())
+    return {"first_top1": round(first / n1, 3), "second_top1_given_first": round(second / max(n2, 1), 3),
+            "note": "second: every earlier feature predicted too (harsher than drafting, where only the drafted ones are)"}
+
+
 # ------------------------------------------------------------------------------------- main
 
 
@@ -345,29 +432,36 @@ def main(argv=None) -> int:
                         help="data cache and checkpoint directory")
     parser.add_argument("--resume", action="store_true", help="continue from WORK/checkpoint.pt")
     parser.add_argument("--only", choices=["heads", "eagle"], help="train one of the two")
-    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--head-steps", type=int, default=200)
-    parser.add_argument("--head-batch", type=int, default=512)
+    parser.add_argument("--head-steps", type=int, default=1500)
+    parser.add_argument("--head-batch", type=int, default=256)
     parser.add_argument("--head-lr", type=float, default=3e-3)
-    parser.add_argument("--eagle-steps", type=int, default=120)
+    parser.add_argument("--eagle-steps", type=int, default=EAGLE_STEPS)
     parser.add_argument("--eagle-batch", type=int, default=8)
     parser.add_argument("--eagle-window", type=int, default=160,
                         help="train on the last this many tokens of each row (its end is the generated part)")
-    parser.add_argument("--eagle-lr", type=float, default=2e-3)
+    parser.add_argument("--eagle-lr", type=float, default=3e-3)
+    parser.add_argument("--eagle-cls-weight", type=float, default=1.0,
+                        help="weight of the soft cross-entropy beside the feature regression (EAGLE-1: 0.1)")
+    parser.add_argument("--eagle-unroll", type=float, default=EAGLE_UNROLL,
+                        help="weight of a second pass on the layer's own predicted features (0 = off)")
     parser.add_argument("--eagle-intermediate", type=int, default=None,
                         help="MLP width of the EAGLE layer (default: the target's)")
     parser.add_argument("--eval-prompts", type=int, default=8)
     parser.add_argument("--eval-k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: leaves the machine's other cores to others)")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="save WORK/checkpoint.pt every this many steps")
     parser.add_argument("--minutes", type=float, default=0.0, help="pause (checkpoint) after this long; 0 = no limit")
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(args.threads)
     torch.manual_seed(args.seed)
     began = time.time()
     args.deadline = began + 60 * args.minutes if args.minutes else 0.0
@@ -380,7 +474,8 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
 
     ckpt = args.work / "checkpoint.pt"
-    state = torch.load(ckpt, weights_only=False) if args.resume and ckpt.is_file() else {"elapsed": 0.0}
+    state = torch.load(ckpt, weights_only=False) if args.resume and ckpt.is_file() else {}
+    state.setdefault("load_average", []).append(round(os.getloadavg()[0], 1))
     data_file = args.work / "data.pt"
     if args.resume and data_file.is_file():
         data = torch.load(data_file)
@@ -389,6 +484,7 @@ def main(argv=None) -> int:
         log(f"{len(prompts)} training-split prompts; continuing each by {args.new_tokens} greedy tokens")
         data = build_data(model, tokenizer, prompts, args.new_tokens, batch=64)
         save_atomic(data, data_file)
+        state["data_minutes"] = (time.time() - began) / 60
     eval_file = args.work / "eval.pt"
     if args.resume and eval_file.is_file():
         runs = torch.load(eval_file)
@@ -399,26 +495,28 @@ def main(argv=None) -> int:
               "positions": sum(g["tokens"].shape[0] * (g["tokens"].shape[1] - g["prompt_len"]) for g in data["groups"]),
               "data": "greedy continuations (by the target) of function openings from the training split",
               "seed": args.seed, "threads": args.threads, "torch": torch.__version__,
+              "data_minutes": round(state.get("data_minutes", 0.0), 2),
               "eval": f"{args.eval_prompts} held-out code prompts (seed 0, cut from the left to the shortest), "
                       f"greedy, {args.new_tokens} new tokens"}
 
     try:
         if args.only in (None, "heads") and "heads_done" not in state:
             heads = train_heads(model, data, args, state)
-            evaluation = [simulate(runs, head_proposer(model, heads), k) for k in range(1, args.heads + 1)]
+            evaluated = time.time()
+            evaluation = [simulate(runs, head_proposer(model, heads), k) for k in sorted({1, args.heads})]
             state["heads_done"] = {"state": spec.projection_state(heads), "eval": evaluation,
-                                   "minutes": (time.time() - began) / 60}
+                                   "train_minutes": state["heads_seconds"] / 60,
+                                   "eval_minutes": (time.time() - evaluated) / 60}
             save_atomic(state, ckpt)
         if args.only in (None, "eagle") and "eagle_done" not in state:
-            heads_minutes = state.get("heads_done", {}).get("minutes", 0.0)
             draft = train_eagle(model, data, args, state)
-            evaluation = [simulate(runs, eagle_proposer(model, draft), args.eval_k)]
+            evaluated = time.time()
+            evaluation = [simulate(runs, eagle_proposer(model, draft), k) for k in sorted({1, args.eval_k})]
             state["eagle_done"] = {"state": draft.state(), "eval": evaluation, "config": spec.eagle_config_json(draft.config),
-                                   "minutes": (time.time() - began) / 60 - heads_minutes}
+                                   "train_minutes": state["eagle_seconds"] / 60,
+                                   "eval_minutes": (time.time() - evaluated) / 60}
             save_atomic(state, ckpt)
     except TimeoutError:
-        state["elapsed"] += (time.time() - began) / 60
-        save_atomic(state, ckpt)
         log(f"paused after {args.minutes} minutes; continue with --resume")
         return 0
 
@@ -433,8 +531,11 @@ def main(argv=None) -> int:
         write_json(args.out / "speculator_training.json", {
             **common, "kind": "multi-projection heads (Medusa-1, QEfficient turbo layout)",
             "heads": args.heads, "layers_per_head": 1, "steps": args.head_steps, "batch": args.head_batch,
-            "lr_max": args.head_lr, "minutes": round(done["minutes"] + state["elapsed"], 2),
-            "log": state.get("heads_log", []), "offline_acceptance": done["eval"], "baseline_AL": baseline["AL"]})
+            "lr_max": args.head_lr, "lr_schedule": LR_SCHEDULE,
+            "train_minutes": round(done["train_minutes"], 2), "eval_minutes": round(done["eval_minutes"], 2),
+            "load_average_at_starts": state["load_average"],
+            "log": state.get("heads_log", []), "offline_acceptance": done["eval"], "baseline_AL": baseline["AL"],
+            "head_hits": head_hits(model, spec_heads(done["state"], model.config.hidden_size, args.heads), runs)})
     if "eagle_done" in state:
         done = state["eagle_done"]
         save_file(done["state"], str(args.out / spec.EAGLE_WEIGHTS))
@@ -442,10 +543,15 @@ def main(argv=None) -> int:
         write_json(args.out / "eagle_training.json", {
             **common, "kind": "EAGLE-1-style draft layer (fc + one decoder layer, no input norm)",
             "steps": args.eagle_steps, "batch_sequences": args.eagle_batch, "window": args.eagle_window, "lr_max": args.eagle_lr,
-            "loss": "smooth_l1(feature) + 0.1 * cross-entropy to the next token (hard label)",
-            "feature_noise": "uniform +-0.1", "minutes": round(done["minutes"] + state["elapsed"], 2),
+            "lr_schedule": LR_SCHEDULE, "cls_weight": args.eagle_cls_weight, "unroll": args.eagle_unroll,
+            "loss": "smooth_l1(feature) + cls_weight * soft cross-entropy to the target's next-token distribution"
+                    + (", plus unroll * the same on a second pass fed the layer's own predicted features" if args.eagle_unroll else ""),
+            "feature_noise": "uniform +-0.1",
+            "train_minutes": round(done["train_minutes"], 2), "eval_minutes": round(done["eval_minutes"], 2),
+            "load_average_at_starts": state["load_average"],
             "eval_note": "offline drafts attend to the last 48 positions only (no KV cache in the tool); the engine runs the real thing",
-            "log": state.get("eagle_log", []), "offline_acceptance": done["eval"]})
+            "log": state.get("eagle_log", []), "offline_acceptance": done["eval"],
+            "teacher_forced": eagle_teacher_forced(model, spec_eagle(done["state"], model.config), runs)})
     log(f"done in {(time.time() - began) / 60:.1f} minutes; files in {args.out}")
     return 0
 
