@@ -66,7 +66,7 @@ class TestMultiProjectionEmbedded(ProposerConformance):
         accepted (an untrained or mis-loaded speculator almost never lands a token)."""
         run = conformance.run("batch1-K3")
         accepted = [row["accepted"] for step in run.steps() for row in step["rows"]]
-        assert sum(accepted) >= len(accepted) // 10, f"{sum(accepted)} tokens accepted in {len(accepted)} rows"
+        assert sum(accepted) >= max(1, len(accepted) // 20), f"{sum(accepted)} tokens accepted in {len(accepted)} rows"
 
 
 class TestEagleEmbedded(TestMultiProjectionEmbedded):
