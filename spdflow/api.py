@@ -21,7 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 # shapes
 
 #: The ONNX dynamic-axis symbols, in the order they appear in specializations.json.
-SYMBOL_ORDER = ("batch_size", "seq_len", "ctx_len", "num_logits_to_keep", "full_batch_size")
+#: ``comp_ctx_lengths`` (the compute context length, CCL) is set only on programs compiled with
+#: CCLs; QEfficient writes it in this place.
+SYMBOL_ORDER = ("batch_size", "seq_len", "ctx_len", "comp_ctx_lengths", "num_logits_to_keep", "full_batch_size")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class Specialization:
     """One compiled shape: values for the ONNX dynamic-axis symbols.
 
     ``kind`` is "prefill" or "decode"; ``k`` is the number of speculative tokens a decode
-    shape verifies (seq_len = K+1), None for prefill.
+    shape verifies (seq_len = K+1), None for prefill. ``comp_ctx_lengths`` is the compute
+    context length: how many KV-cache slots the shape reads (None: all ctx_len of them).
     """
 
     kind: str
@@ -39,6 +42,7 @@ class Specialization:
     num_logits_to_keep: int
     full_batch_size: int | None = None
     k: int | None = None
+    comp_ctx_lengths: int | None = None
 
     def symbols(self) -> dict[str, int]:
         """The symbol -> value mapping, in SYMBOL_ORDER, without unset symbols."""
@@ -81,6 +85,9 @@ class ExportRequest:
     #: model directory's multi-projection heads (row 0 the LM head); "hidden_states": an output
     #: [batch, seq_len, hidden] with the final-norm hidden state of every input row.
     outputs: tuple[str, ...] = ()
+    #: True exports the graph with the ``comp_ctx_lengths`` input (compute context lengths,
+    #: CCL): its length is how many cache slots a step reads. False: the default graph.
+    ccl: bool = False
 
 
 @dataclass

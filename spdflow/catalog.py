@@ -125,6 +125,15 @@ FINDINGS: tuple[CatalogEntry, ...] = (
           "`spdflow run` refuses it (exit 3) unless --allow-outside-paths, so a recipe from a pull request cannot "
           "read secrets into a report.",
           "Keep the files a recipe reads inside its folder, or pass --allow-outside-paths for a recipe you trust."),
+    _lint("SPD121", "devices.with.comp_ctx_lengths has <n>, more than ctx_len <c>",
+          "A compute context length (CCL) is longer than the KV cache.",
+          "Use CCLs of at most ctx_len; ctx_len itself is always compiled.", error=True),
+    _lint("SPD122", "devices.with.comp_ctx_lengths <list> is not strictly ascending; it is compiled as <sorted>",
+          "An unsorted or repeated CCL list works (it is sorted and deduplicated) but reads like a mistake.",
+          "Write it ascending, each length once."),
+    _lint("SPD123", "devices.with.comp_ctx_lengths_prefill has <n>, less than prefill_seq_len <m>",
+          "A prefill chunk reads at least prefill_seq_len cache slots, so a shorter prefill CCL could never run.",
+          "Use prefill CCLs of at least prefill_seq_len.", error=True),
     _lint("SPD120", "backend '<name>' cannot compile model.dtype <dtype>: <why>",
           "The backend's compiler does not take weights of that dtype with these settings (qaic: bfloat16 for "
           "aic_hw_version ai100); the compile stage refuses it too, before writing anything.",

@@ -159,6 +159,8 @@ def spdflow_specialize(
     ctx_len: int,
     batch_size: int,
     full_batch_size: "int | None",
+    comp_ctx_lengths: "list[int] | None",
+    comp_ctx_lengths_prefill: "list[int] | None",
 ) -> "list[Specialization] | None":
     """Turn a K-list and shape settings into the compiled shapes.
 
@@ -170,6 +172,10 @@ def spdflow_specialize(
     :param ctx_len: KV cache length.
     :param batch_size: requests per prefill (and per decode step without continuous batching).
     :param full_batch_size: KV slots under continuous batching, else None.
+    :param comp_ctx_lengths: the backend's compute context lengths (``devices.with``), None
+        without CCL; every shape then exists once per CCL (``Specialization.comp_ctx_lengths``).
+        An implementation that does not take these two arguments compiles no CCL shapes.
+    :param comp_ctx_lengths_prefill: the prefill's own CCLs, None to use ``comp_ctx_lengths``.
     :return: prefill first, then one decode shape per distinct K ascending. Stops at first
         non-None result.
     """

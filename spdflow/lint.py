@@ -90,10 +90,14 @@ def rule_shape_coverage(loaded: LoadedRecipe, pm) -> list[Finding]:
     """SPD105: every shape the runtime will ask for must be among the specializations."""
     recipe = loaded.recipe
     spec = recipe.specialization
-    shapes = pm.hook.spdflow_specialize(
-        num_speculative_tokens=recipe.k_list(), prefill_seq_len=spec.prefill_seq_len, ctx_len=spec.ctx_len,
-        batch_size=spec.batch_size, full_batch_size=spec.full_batch_size,
-    )
+    try:
+        shapes = pm.hook.spdflow_specialize(
+            num_speculative_tokens=recipe.k_list(), prefill_seq_len=spec.prefill_seq_len, ctx_len=spec.ctx_len,
+            batch_size=spec.batch_size, full_batch_size=spec.full_batch_size,
+            **_ccl_settings(loaded, pm),
+        )
+    except ValueError:  # out-of-range shape settings are the recipe checks' and SPD121/SPD123's to report
+        return []
     compiled = {(s.kind, s.seq_len, s.num_logits_to_keep) for s in shapes or []}
     needed = {("prefill", spec.prefill_seq_len, 1)}
     ks = recipe.k_list()
@@ -122,6 +126,53 @@ def rule_policy_wastes_shapes(loaded: LoadedRecipe, pm) -> list[Finding]:
     shown = used[0] if len(used) == 1 else used
     return [_warn(loaded, ("k_policy",), "SPD106", f"k_policy '{name}' only runs K={shown}; the other shapes of {ks} are compiled for nothing",
                   f"set num_speculative_tokens: {shown} or use a policy that chooses among them")]
+
+
+def _ccl_settings(loaded: LoadedRecipe, pm) -> dict:
+    """The backend's compute context lengths as ``spdflow_specialize`` takes them (Nones when
+    the backend or its settings are unknown: the schema checks report those)."""
+    from spdflow.errors import SpdflowError
+    from spdflow.plugins import backend_ccl
+
+    try:
+        return backend_ccl(pm, loaded.recipe.devices)
+    except SpdflowError:
+        return {"comp_ctx_lengths": None, "comp_ctx_lengths_prefill": None}
+
+
+def rule_compute_context_lengths(loaded: LoadedRecipe, pm) -> list[Finding]:
+    """SPD121-SPD123: the backend's compute context lengths (``devices.with.comp_ctx_lengths``
+    and ``comp_ctx_lengths_prefill``) fit the KV cache and the prefill chunk.
+
+    SPD121 (error) a CCL above ctx_len; SPD122 (warning) a list not ascending or with repeats (it
+    is compiled sorted and deduplicated); SPD123 (error) a prefill CCL below prefill_seq_len. A
+    list that does not end with ctx_len is fine: ctx_len is added, so every sequence has a CCL.
+    """
+    settings = _ccl_settings(loaded, pm)
+    spec = loaded.recipe.specialization
+    findings = []
+    for name, low, code in (("comp_ctx_lengths", 1, None), ("comp_ctx_lengths_prefill", spec.prefill_seq_len, "SPD123")):
+        values = settings.get(name)
+        if values is None:
+            continue
+        key = f"devices.with.{name}"
+        for i, value in enumerate(values):
+            path = ("devices", "with", name, i)
+            if value > spec.ctx_len:
+                findings.append(Finding(loaded.document.location(path), "SPD121",
+                                        f"{key} has {value}, more than ctx_len {spec.ctx_len}",
+                                        f"use compute context lengths of at most {spec.ctx_len} (ctx_len is always "
+                                        "compiled; leave it out or end the list with it)"))
+            elif code and value < low:
+                findings.append(Finding(loaded.document.location(path), code,
+                                        f"{key} has {value}, less than prefill_seq_len {low}: a prefill chunk "
+                                        f"reads at least {low} cache slots",
+                                        f"use prefill compute context lengths of at least {low}"))
+        if list(values) != sorted(set(values)):
+            findings.append(_warn(loaded, ("devices", "with", name), "SPD122",
+                                  f"{key} {list(values)} is not strictly ascending; it is compiled as "
+                                  f"{sorted(set(values))}", "write it ascending, each length once"))
+    return findings
 
 
 def rule_backend_takes_dtype(loaded: LoadedRecipe, pm) -> list[Finding]:

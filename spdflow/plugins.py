@@ -261,6 +261,15 @@ def plugin_config(pm: "SpdflowPluginManager", kind: str, name: str, settings: di
         raise RecipeError(f"the settings of {kind.replace('_', ' ')} '{name}' are invalid: {where}: {first['msg']}") from None
 
 
+def backend_ccl(pm: "SpdflowPluginManager", devices) -> dict[str, list[int] | None]:
+    """The compute context lengths of a devices section's ``with:`` block, as the keyword
+    arguments of ``spdflow_specialize``: ``comp_ctx_lengths`` and ``comp_ctx_lengths_prefill``
+    (both None when the backend has no CCL settings or they are unset)."""
+    config = plugin_config(pm, "backend", devices.backend, devices.with_)
+    return {name: (list(getattr(config, name)) if getattr(config, name, None) is not None else None)
+            for name in ("comp_ctx_lengths", "comp_ctx_lengths_prefill")}
+
+
 def make_k_policy(pm: "SpdflowPluginManager", name: str, settings: dict | None = None):
     """A fresh K policy: ``factory(config)`` when it registered a config model, else ``factory()``."""
     registration = pm.lookup("k_policy", name)

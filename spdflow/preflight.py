@@ -12,6 +12,7 @@ machine:
 * SPD109 every prompt is non-empty and fits ctx_len, tokenized with the target's own
   tokenizer — exactly the rule generation enforces (``spdflow.engine.generate.prompt_problem``);
   SPD110 (a note) says when no tokenizer is on this machine, so lengths were not checked;
+* SPD121-SPD123 the backend's compute context lengths fit ctx_len and prefill_seq_len;
 * SPD105 the shapes the K policy will ask for are compiled, SPD104 the backend can run here
   (a warning; ``run`` makes it an error unless ``--compile-only``).
 
@@ -202,6 +203,13 @@ def check_shape_coverage(ctx: PreflightContext) -> list[Finding]:
     return rule_shape_coverage(ctx.loaded, ctx.pm)
 
 
+def check_compute_context_lengths(ctx: PreflightContext) -> list[Finding]:
+    """SPD121-SPD123: the backend's compute context lengths fit ctx_len and prefill_seq_len."""
+    from spdflow.lint import rule_compute_context_lengths
+
+    return rule_compute_context_lengths(ctx.loaded, ctx.pm)
+
+
 def check_backend(ctx: PreflightContext) -> list[Finding]:
     """SPD104: the backend can run here (a warning: lint and --compile-only do not need it)."""
     from spdflow.lint import rule_backend_available
@@ -239,6 +247,7 @@ CHECKS: list[Callable[[PreflightContext], list[Finding]]] = [
     check_paths,
     check_models,
     check_prompts,
+    check_compute_context_lengths,
     check_shape_coverage,
     check_backend,
 ]

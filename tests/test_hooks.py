@@ -277,7 +277,8 @@ class NoBigK:
 
 def test_hook_spdflow_specialize(spdflow_pm):
     spdflow_pm.add_plugin(NoBigK(), "no_big_k")
-    call = dict(prefill_seq_len=32, ctx_len=128, batch_size=1, full_batch_size=None)
+    call = dict(prefill_seq_len=32, ctx_len=128, batch_size=1, full_batch_size=None,
+                comp_ctx_lengths=None, comp_ctx_lengths_prefill=None)
     shapes = spdflow_pm.hook.spdflow_specialize(num_speculative_tokens=[0, 4], **call)
     assert [s.kind for s in shapes] == ["prefill", "decode", "decode"]
     assert [s.seq_len for s in shapes] == [32, 1, 5]

@@ -304,3 +304,44 @@ def test_documented_github_actions_step_passes_on_this_repository():
     run = subprocess.run(_as_module(command), capture_output=True, text=True, cwd=REPO)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout == "", "a clean repository prints no annotations"
+
+
+CCL_RECIPE = MINIMAL + "specialization: {prefill_seq_len: 32, ctx_len: 256}\ndevices: {backend: BACKEND, with: WITH}\n"
+
+
+def _ccl_lint(write_recipe, pm, with_, backend="onnxruntime"):
+    text = CCL_RECIPE.replace("BACKEND", backend).replace("WITH", with_)
+    return lint_paths([str(write_recipe(text))], pm)
+
+
+def test_compute_context_lengths_lint_clean_for_both_backends(write_recipe, pm):
+    assert codes(_ccl_lint(write_recipe, pm, "{comp_ctx_lengths: [64, 128]}")) == []
+    assert codes(_ccl_lint(write_recipe, pm, "{comp_ctx_lengths: [64, 256], comp_ctx_lengths_prefill: [32]}",
+                           backend="qaic")) == ["SPD104"]
+
+
+def test_compute_context_length_above_ctx_len_is_an_error_at_the_value(write_recipe, pm):
+    result = _ccl_lint(write_recipe, pm, "{comp_ctx_lengths: [64, 512]}")
+    [finding] = result.findings
+    assert finding.code == "SPD121" and finding.severity == "error" and "512, more than ctx_len 256" in finding.message
+    assert finding.location.line == 12 and result.exit_code(strict=False) == 1
+
+
+def test_unsorted_compute_context_lengths_warn_and_short_prefill_ccl_is_an_error(write_recipe, pm):
+    assert codes(_ccl_lint(write_recipe, pm, "{comp_ctx_lengths: [128, 64, 64]}")) == ["SPD122"]
+    result = _ccl_lint(write_recipe, pm, "{comp_ctx_lengths_prefill: [16, 64]}")
+    assert codes(result) == ["SPD123"] and "less than prefill_seq_len 32" in result.findings[0].message
+
+
+def test_compute_context_lengths_are_schema_checked(write_recipe, pm):
+    assert codes(_ccl_lint(write_recipe, pm, "{comp_ctx_lengths: [0]}")) == ["SPD014"]
+    assert codes(_ccl_lint(write_recipe, pm, "{comp_ctx_lengths: []}")) == ["SPD014"]
+
+
+def test_run_refuses_bad_compute_context_lengths_before_any_export(write_recipe, pm):
+    from spdflow.preflight import preflight, run_blockers
+    from spdflow.recipe.loader import load_recipe
+
+    text = CCL_RECIPE.replace("BACKEND", "onnxruntime").replace("WITH", "{comp_ctx_lengths: [300]}")
+    loaded = load_recipe(write_recipe(text), pm)
+    assert [f.code for f in run_blockers(preflight(loaded, pm), compile_only=False)] == ["SPD121"]

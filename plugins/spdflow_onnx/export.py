@@ -13,7 +13,11 @@ reimplements only the decoder loop, with
   padding position of -1 masks its whole row and writes only slot ctx_len-1, which no valid
   query ever sees;
 * hidden states gathered to ``num_logits_to_keep`` rows ending at the last valid position
-  before ``lm_head``.
+  before ``lm_head``;
+* with compute context lengths (``ccl``), an input ``comp_ctx_lengths`` whose length is the
+  number of cache slots the gathers read (the first ones) and the mask covers, as QEfficient's
+  CCL graphs take it; the scatter still writes the whole cache. Without, the graph reads all
+  ctx_len slots and is exactly the default export.
 
 torch and transformers are imported here only; the plugin's ``__init__`` imports this module
 lazily so ``spdflow lint`` never loads them.
@@ -52,13 +56,16 @@ DATA_NAME = "model.onnx.data"
 class KVCacheLM(nn.Module):
     """A causal LM with an explicit fixed-size KV cache, built on an HF model's submodules.
 
-    ``forward(input_ids, position_ids, *past, [batch_index,] num_logits_to_keep)`` returns
-    ``(logits, *retained)`` where ``past``/``retained`` alternate key, value per layer.
+    ``forward(input_ids, position_ids, *past, [comp_ctx_lengths,] [batch_index,]
+    num_logits_to_keep)`` returns ``(logits, *retained)`` where ``past``/``retained`` alternate
+    key, value per layer.
     """
 
     def __init__(self, hf_model: nn.Module, continuous_batching: bool = False,
-                 projections: nn.ModuleList | None = None, hidden_output: bool = False):
+                 projections: nn.ModuleList | None = None, hidden_output: bool = False, ccl: bool = False):
         super().__init__()
+        #: take ``comp_ctx_lengths``: attend over its length of cache slots instead of all
+        self.ccl = ccl
         #: multi-projection heads: logits become [b, nlk, heads+1, vocab] (row 0 the LM head)
         self.projections = projections
         #: also return ``hidden_states`` [b, seq_len, hidden]: the final-norm output of every row
@@ -158,14 +165,19 @@ class KVCacheLM(nn.Module):
     def forward(self, input_ids, position_ids, *rest):
         n = 2 * self.num_layers
         past = rest[:n]
-        batch_index = rest[n] if self.continuous_batching else None
+        comp_ctx_lengths = rest[n] if self.ccl else None
+        batch_index = rest[n + int(self.ccl)] if self.continuous_batching else None
         num_logits_to_keep = rest[-1]
 
         hidden = self.embed_tokens(input_ids)
         cos, sin = self._rope(position_ids, hidden.dtype)
-        # The compute context length: how many cache slots a step reads (all of them here).
-        comp_ctx_len = torch._shape_as_tensor(past[0])[2:3]
-        ctx_indices = torch.arange(past[0].shape[2], dtype=torch.int64).view(1, 1, -1)
+        # The compute context length: how many cache slots a step reads (all of them without CCL).
+        if comp_ctx_lengths is None:
+            comp_ctx_len = torch._shape_as_tensor(past[0])[2:3]
+            ctx_indices = torch.arange(past[0].shape[2], dtype=torch.int64).view(1, 1, -1)
+        else:
+            comp_ctx_len = torch._shape_as_tensor(comp_ctx_lengths)[0:1]
+            ctx_indices = torch.arange(comp_ctx_lengths.shape[0], dtype=torch.int64).view(1, 1, -1)
         b, s = position_ids.shape
         mask = ctx_indices.view(1, 1, 1, 1, -1) <= position_ids.view(b, 1, 1, s, 1)
 
@@ -192,11 +204,13 @@ class KVCacheLM(nn.Module):
 # ------------------------------------------------------------------------------- names
 
 
-def input_names(num_layers: int, continuous_batching: bool) -> list[str]:
-    """The graph inputs of DESIGN §4, in order."""
+def input_names(num_layers: int, continuous_batching: bool, ccl: bool = False) -> list[str]:
+    """The graph inputs of DESIGN §4, in order (``comp_ctx_lengths`` where QEfficient puts it)."""
     names = ["input_ids", "position_ids"]
     for i in range(num_layers):
         names += [f"past_key.{i}", f"past_value.{i}"]
+    if ccl:
+        names.append("comp_ctx_lengths")
     if continuous_batching:
         names.append("batch_index")
     names.append("num_logits_to_keep")
@@ -211,7 +225,8 @@ def output_names(num_layers: int, hidden_output: bool = False) -> list[str]:
     return names + ["hidden_states"] if hidden_output else names
 
 
-def dynamic_axes(num_layers: int, continuous_batching: bool, hidden_output: bool = False) -> dict[str, dict[int, str]]:
+def dynamic_axes(num_layers: int, continuous_batching: bool, hidden_output: bool = False,
+                 ccl: bool = False) -> dict[str, dict[int, str]]:
     """Axis symbols per IO; exactly the names specializations.json binds."""
     kv_rows = "full_batch_size" if continuous_batching else "batch_size"
     axes: dict[str, dict[int, str]] = {
@@ -222,6 +237,8 @@ def dynamic_axes(num_layers: int, continuous_batching: bool, hidden_output: bool
     }
     if continuous_batching:
         axes["batch_index"] = {0: "batch_size"}
+    if ccl:
+        axes["comp_ctx_lengths"] = {0: "comp_ctx_lengths"}
     if hidden_output:
         axes["hidden_states"] = {0: "batch_size", 1: "seq_len"}
     for i in range(num_layers):
@@ -290,14 +307,16 @@ def _check_supported_attention(config, model_dir: Path) -> None:
 
 
 def _example_inputs(wrapper: KVCacheLM, dtype: torch.dtype, continuous_batching: bool):
-    """Inputs for tracing; seq_len and batch >= 2 so no axis is specialized to 1."""
-    batch, seq_len, ctx, nlk = 2, 3, 8, 2
+    """Inputs for tracing; seq_len and batch >= 2 so no axis is specialized to 1, and a
+    compute context length unlike every other size."""
+    batch, seq_len, ctx, nlk, ccl = 2, 3, 8, 2, 6
     kv_rows = 3 if continuous_batching else batch
     ids = torch.zeros(batch, seq_len, dtype=torch.int64)
     pos = torch.arange(seq_len, dtype=torch.int64).repeat(batch, 1)
     shape = (kv_rows, wrapper.num_kv_heads, ctx, wrapper.head_dim)
     past = [torch.zeros(shape, dtype=dtype) for _ in range(2 * wrapper.num_layers)]
-    extra = [torch.tensor([[2], [0]], dtype=torch.int64)] if continuous_batching else []
+    extra = [torch.zeros(ccl, dtype=torch.int64)] if wrapper.ccl else []
+    extra += [torch.tensor([[2], [0]], dtype=torch.int64)] if continuous_batching else []
     return (ids, pos, *past, *extra, torch.zeros(nlk, 1, dtype=torch.int64))
 
 
@@ -344,7 +363,8 @@ def export_model(request: ExportRequest) -> ExportResult:
         raise StageError(f"export: unknown extra output(s) {sorted(unknown)}; known: {', '.join(TARGET_OUTPUTS)}")
     projections = _projections(model, request.model_dir) if "head_logits" in outputs else None
     hidden_output = "hidden_states" in outputs
-    wrapper = KVCacheLM(model, request.continuous_batching, projections, hidden_output).eval()
+    ccl = bool(getattr(request, "ccl", False))
+    wrapper = KVCacheLM(model, request.continuous_batching, projections, hidden_output, ccl).eval()
     n_layers = wrapper.num_layers
     dtype = next(model.parameters()).dtype
     work = Path(request.work_dir)
@@ -360,9 +380,9 @@ def export_model(request: ExportRequest) -> ExportResult:
             wrapper,
             _example_inputs(wrapper, dtype, request.continuous_batching),
             str(raw),
-            input_names=input_names(n_layers, request.continuous_batching),
+            input_names=input_names(n_layers, request.continuous_batching, ccl),
             output_names=output_names(n_layers, hidden_output),
-            dynamic_axes=dynamic_axes(n_layers, request.continuous_batching, hidden_output),
+            dynamic_axes=dynamic_axes(n_layers, request.continuous_batching, hidden_output, ccl),
             opset_version=OPSET,
             do_constant_folding=True,
             custom_opsets=CUSTOM_OPSETS,

@@ -44,9 +44,12 @@ class OrtProgram(CompiledProgram):
 
 
 def spec_file_name(spec: Specialization) -> str:
-    """The graph file of one specialization, e.g. ``decode_k4_b1_s5_n5_c512.onnx``."""
+    """The graph file of one specialization, e.g. ``decode_k4_b1_s5_n5_c512.onnx`` (``_l256``
+    after ``_c512`` for a compute context length of 256)."""
     tag = "prefill" if spec.kind == "prefill" else f"decode_k{spec.k}"
     name = f"{tag}_b{spec.batch_size}_s{spec.seq_len}_n{spec.num_logits_to_keep}_c{spec.ctx_len}"
+    if spec.comp_ctx_lengths is not None:
+        name += f"_l{spec.comp_ctx_lengths}"
     if spec.full_batch_size is not None:
         name += f"_f{spec.full_batch_size}"
     return name + ".onnx"

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from spdflow.ccl import CclSettings
 
 
-class OrtConfig(BaseModel):
+class OrtConfig(CclSettings):
     """onnxruntime's settings: threads, execution provider and session mode."""
 
     model_config = ConfigDict(extra="forbid")

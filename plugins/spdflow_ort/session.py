@@ -8,6 +8,11 @@ updated in place. Logits land in a preallocated buffer per specialization. No to
 Modes: ``static`` (one InferenceSession per specialization, each graph with fixed dims; faster)
 and ``dynamic`` (one InferenceSession on the dynamic graph; about one weights copy less per
 specialization). Either way a run must match a compiled specialization, as on QAIC.
+
+With compute context lengths (``comp_ctx_lengths`` shapes) each (batch, seq_len, nlk) exists
+once per CCL; ``run`` takes the smallest CCL that holds the step's last position
+(:func:`spdflow.ccl.pick_ccl`) and feeds ``comp_ctx_lengths`` of that length. In dynamic mode
+the one session serves every CCL.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from spdflow.api import Specialization
+from spdflow.ccl import pick_ccl
 from spdflow.errors import BackendUnavailableError, StageError
 
 MODES = ("static", "dynamic")
@@ -36,6 +42,7 @@ class _Shape:
     logits: np.ndarray
     nlk_input: np.ndarray
     extra: dict[str, np.ndarray]  # other non-KV outputs (e.g. hidden_states), reused buffers
+    ccl_input: np.ndarray | None = None  # comp_ctx_lengths [CCL] of CCL shapes
 
 
 _SHARED_POOL_MADE = False  # True once this process made ORT's global pool
@@ -156,9 +163,11 @@ class OrtSession:
 
         dynamic = open_graph(self.manifest["dynamic"]["file"]) if mode == "dynamic" else None
         files = {tuple(sorted(g["symbols"].items())): g["file"] for g in self.manifest["graphs"]}
-        self._shapes: dict[tuple[int, int, int], _Shape] = {}
+        self._shapes: dict[tuple[int, int, int, int | None], _Shape] = {}
+        #: (batch, seq_len, nlk) -> its compute context lengths ascending ([None] without CCL)
+        self._ccls: dict[tuple[int, int, int], list] = {}
         for spec in self.specializations:
-            key = (spec.batch_size, spec.seq_len, spec.num_logits_to_keep)
+            key = (spec.batch_size, spec.seq_len, spec.num_logits_to_keep, spec.comp_ctx_lengths)
             if key in self._shapes:
                 continue
             file = files.get(tuple(sorted(spec.symbols().items())))
@@ -169,6 +178,9 @@ class OrtSession:
                 )
             session = dynamic if dynamic is not None else open_graph(file)
             self._shapes[key] = self._bind(spec, session)
+            self._ccls.setdefault(key[:3], []).append(spec.comp_ctx_lengths)
+        for ccls in self._ccls.values():
+            ccls.sort(key=lambda c: -1 if c is None else c)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -221,15 +233,20 @@ class OrtSession:
             for name, buffer in [("logits", logits), *extra.items()]:
                 binding.bind_output(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
         nlk_input = np.zeros((spec.num_logits_to_keep, 1), dtype=np.int64)
-        return _Shape(spec, session, binding, logits, nlk_input, extra)
+        ccl = None if spec.comp_ctx_lengths is None else np.zeros(spec.comp_ctx_lengths, dtype=np.int64)
+        return _Shape(spec, session, binding, logits, nlk_input, extra, ccl)
 
     # -- running -----------------------------------------------------------------------------
 
-    def _select(self, batch: int, seq_len: int, num_logits_to_keep: int) -> _Shape:
-        shape = self._shapes.get((batch, seq_len, num_logits_to_keep))
+    def _select(self, batch: int, seq_len: int, num_logits_to_keep: int, positions: np.ndarray) -> _Shape:
+        ccls = self._ccls.get((batch, seq_len, num_logits_to_keep))
+        shape = None
+        if ccls is not None:
+            ccl = None if ccls[0] is None else pick_ccl(positions, ccls)
+            shape = self._shapes.get((batch, seq_len, num_logits_to_keep, ccl))
         if shape is None:
             allowed = ", ".join(
-                f"(batch {b}, seq_len {s}, num_logits_to_keep {n})" for b, s, n in self._shapes
+                f"(batch {b}, seq_len {s}, num_logits_to_keep {n})" for b, s, n in self._ccls
             )
             raise StageError(
                 f"onnxruntime: no compiled shape for batch {batch}, seq_len {seq_len}, "
@@ -264,7 +281,7 @@ class OrtSession:
                 f"onnxruntime: input_ids {ids.shape} and position_ids {positions.shape} must be "
                 "2-D arrays of the same shape [batch, seq_len]"
             )
-        shape = self._select(ids.shape[0], ids.shape[1], int(num_logits_to_keep))
+        shape = self._select(ids.shape[0], ids.shape[1], int(num_logits_to_keep), positions)
         index = self._batch_index(batch_index, ids.shape[0])
         if not self.in_place:
             return self._run_copying(shape, ids, positions, index)
@@ -272,6 +289,8 @@ class OrtSession:
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("position_ids", positions)
         binding.bind_cpu_input("num_logits_to_keep", shape.nlk_input)
+        if shape.ccl_input is not None:
+            binding.bind_cpu_input("comp_ctx_lengths", shape.ccl_input)
         if index is not None:
             binding.bind_cpu_input("batch_index", index)
         # The bound arrays must outlive the run; keep them referenced until the next one.
@@ -289,6 +308,8 @@ class OrtSession:
         """Plain run(): KV in, retained state out, copied back into the cache arrays."""
         feeds = {"input_ids": ids, "position_ids": positions, "num_logits_to_keep": shape.nlk_input}
         feeds.update(self.kv)
+        if shape.ccl_input is not None:
+            feeds["comp_ctx_lengths"] = shape.ccl_input
         if index is not None:
             feeds["batch_index"] = index
         names = [o.name for o in shape.session.get_outputs()]

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from spdflow.ccl import CclSettings
 
 
-class QaicConfig(BaseModel):
+class QaicConfig(CclSettings):
     """qaic-compile's settings; the device group is the generic ``devices.device_ids``."""
 
     model_config = ConfigDict(extra="forbid")

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from spdflow.api import Specialization
+from spdflow.ccl import pick_ccl
 from spdflow.errors import BackendUnavailableError, StageError
 
 #: Where the SDK installs its Python modules when they are not on sys.path (as QEfficient).
@@ -93,6 +94,12 @@ class QaicSession:
         self.kv_batch_size = first.full_batch_size or first.batch_size
         self.ctx_len = first.ctx_len
         self.vocab_size = vocab_size
+        #: (batch, seq_len, nlk) -> compute context lengths ascending, for programs with CCLs
+        self._ccls: dict[tuple[int, int, int], list[int]] = {}
+        for spec in self.specializations:
+            if spec.comp_ctx_lengths is not None:
+                key = (spec.batch_size, spec.seq_len, spec.num_logits_to_keep)
+                self._ccls[key] = sorted({*self._ccls.get(key, []), spec.comp_ctx_lengths})
         self._dtypes = _numpy_dtypes(aicapi)
         self._open(qpc_path, list(device_ids) if device_ids else None, aicapi)
 
@@ -167,7 +174,8 @@ class QaicSession:
         num_logits_to_keep: int,
         batch_index: np.ndarray | None = None,
     ) -> np.ndarray:
-        """One forward pass; the shapes of the buffers select the specialization."""
+        """One forward pass; the shapes of the buffers select the specialization (with CCLs, the
+        length of ``comp_ctx_lengths``: the smallest that holds the step's last position)."""
         batch = input_ids.shape[0]
         arrays = {
             "input_ids": np.asarray(input_ids, dtype=np.int64),
@@ -178,6 +186,10 @@ class QaicSession:
         }
         if batch_index is not None:
             arrays["batch_index"] = np.asarray(batch_index, dtype=np.int64)
+        ccls = self._ccls.get((batch, input_ids.shape[1], num_logits_to_keep))
+        if ccls:
+            ccl = pick_ccl(arrays["position_ids"], ccls)
+            arrays["comp_ctx_lengths"] = np.zeros(ccl, dtype=np.int64)
         self._set(arrays)
         rt = self._rt
         self._check(self._exec.setData(self._buffers, self._dims), "set the input buffers")

@@ -34,7 +34,7 @@ from spdflow.api import (
 )
 from spdflow.engine import cache
 from spdflow.errors import LosslessError, PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
-from spdflow.plugins import make_k_policy, plugin_config, required_ks
+from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, required_ks
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
 
@@ -128,12 +128,16 @@ def should_force(stage: str, options: RunOptions) -> bool:
     return STAGES.index(stage) >= STAGES.index(options.from_stage)
 
 
-def specializations_for(pm, recipe: Recipe, k_list: list[int] | None = None) -> list[Specialization]:
+def specializations_for(pm, recipe: Recipe, k_list: list[int] | None = None,
+                        devices: DevicesSpec | None = None) -> list[Specialization]:
+    """The shapes of one program: the recipe's shape settings, ``k_list`` (default: the
+    recipe's) and the compute context lengths of ``devices`` (default: the recipe's)."""
     spec = recipe.specialization
     shapes = pm.hook.spdflow_specialize(
         num_speculative_tokens=k_list if k_list is not None else recipe.k_list(),
         prefill_seq_len=spec.prefill_seq_len, ctx_len=spec.ctx_len,
         batch_size=spec.batch_size, full_batch_size=spec.full_batch_size,
+        **backend_ccl(pm, devices if devices is not None else recipe.devices),
     )
     if not shapes:
         raise PluginError("no plugin implements spdflow_specialize", hint="reinstall spdflow (the 'shapes' plugin)")
@@ -164,12 +168,15 @@ def stage_namer(role: str) -> Callable[[str], str]:
     return (lambda base: base) if role == "target" else (lambda base: f"{base}:{role}")
 
 
-def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool, outputs: tuple[str, ...] = ()) -> str:
+def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool, outputs: tuple[str, ...] = (),
+               ccl: bool = False) -> str:
     impls = sorted(f"{pm.get_name(i.plugin)}" for i in pm.hook.spdflow_export.get_hookimpls())
     inputs = cache.dir_digest(model_dir, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
     config = {"dtype": model.dtype, "role": role, "continuous_batching": cb}
     if outputs:  # only then: the default graph keeps its key
         config["outputs"] = sorted(outputs)
+    if ccl:  # likewise: a graph with the comp_ctx_lengths input
+        config["ccl"] = True
     return cache.stage_key("spdflow_export:" + ",".join(impls), __version__, config, inputs)
 
 
@@ -230,25 +237,27 @@ class Engine:
         factory = self.pm.lookup("proposer", self.recipe.proposer.uses).factory
         return tuple(sorted(getattr(factory, "target_outputs", ()) or ()))
 
-    def export(self, model: ModelSpec, role: str, outputs: tuple[str, ...] = ()) -> tuple[Path, ModelInfo, str, bool, str]:
-        """Export one model (cached); returns (onnx path, model info, key, cached, reason)."""
+    def export(self, model: ModelSpec, role: str, outputs: tuple[str, ...] = (),
+               ccl: bool = False) -> tuple[Path, ModelInfo, str, bool, str]:
+        """Export one model (cached); returns (onnx path, model info, key, cached, reason).
+        ``ccl`` exports the graph with the ``comp_ctx_lengths`` input."""
         from spdflow.models import resolve_model_dir
 
         cb = self.recipe.specialization.full_batch_size is not None
         model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision,
                                       key="model.id" if role == "target" else "proposer.with.model",
                                       allow_outside=self.loaded.allow_outside_paths)
-        key = export_key(self.pm, model, model_dir, role, cb, outputs)
+        key = export_key(self.pm, model, model_dir, role, cb, outputs, ccl)
         target = self.export_root() / f"{role}-{key[:16]}"
         with cache.build_lock(target):  # runs sharing a cache dir export each model once
-            return self._export_locked(model, model_dir, role, cb, key, target, outputs)
+            return self._export_locked(model, model_dir, role, cb, key, target, outputs, ccl)
 
     def export_root(self) -> Path:
         """The folder of exported models: the shared cache dir's, else the run dir's."""
         return Path(self.options.cache_dir or self.run_dir) / "export"
 
     def _export_locked(self, model: ModelSpec, model_dir: Path, role: str, cb: bool, key: str, target: Path,
-                       outputs: tuple[str, ...] = ()):
+                       outputs: tuple[str, ...] = (), ccl: bool = False):
         if not should_force("export", self.options):
             marker, why = cache.read_done(target, verify=self.options.verify)
             if marker is not None:
@@ -259,7 +268,7 @@ class Engine:
         work = Path(tempfile_dir(target))
         try:
             request = ExportRequest(model=model, model_dir=model_dir, role=role, continuous_batching=cb,
-                                    work_dir=work, progress=self.ui.message, outputs=outputs)
+                                    work_dir=work, progress=self.ui.message, outputs=outputs, ccl=ccl)
             result = self.pm.hook.spdflow_export(request=request)
             if result is None:
                 raise PluginError("no plugin implements spdflow_export", hint="reinstall spdflow (the 'onnx' plugin)")
@@ -295,10 +304,12 @@ class Engine:
         """export + specialize + compile one model, each a recorded stage: ``export`` ... for
         the target, ``export:<role>`` ... for an auxiliary model (a draft)."""
         name = stage_namer(role)
+        shapes = specializations_for(self.pm, self.recipe, k_list, devices)
+        ccl = any(s.comp_ctx_lengths is not None for s in shapes)
         stage, start = self._begin(name("export"))
         try:
             outputs = self.target_outputs() if role == "target" else ()
-            onnx, info, key, cached, reason = self.export(model, role, outputs)
+            onnx, info, key, cached, reason = self.export(model, role, outputs, ccl)
         except BaseException as exc:
             self._end(stage, start, "failed", "interrupted" if isinstance(exc, KeyboardInterrupt) else "export failed")
             raise
@@ -306,7 +317,6 @@ class Engine:
         stage.detail = {"export_dir": str(onnx.parent)}  # in the run dir, or a shared cache dir
         self._end(stage, start, "cached" if cached else "ran", reason)
         stage, start = self._begin(name("specialize"))
-        shapes = specializations_for(self.pm, self.recipe, k_list)
         stage.detail = {"specializations": [s.symbols() for s in shapes]}
         self._end(stage, start, "ran", f"{len(shapes)} shapes")
         stage, start = self._begin(name("compile"))
@@ -340,7 +350,8 @@ class Engine:
         exported yet is shown as such)."""
         from spdflow.models import resolve_model_dir
 
-        shapes = specializations_for(self.pm, self.recipe, plan.k_list)
+        shapes = specializations_for(self.pm, self.recipe, plan.k_list, plan.devices)
+        ccl = any(s.comp_ctx_lengths is not None for s in shapes)
         lines = [f"program '{plan.role}': {plan.model.id} ({plan.model.dtype}), K-list {plan.k_list}, "
                  f"device_ids {plan.devices.device_ids}",
                  f"  specializations ({len(shapes)}):"]
@@ -350,7 +361,7 @@ class Engine:
             model_dir = resolve_model_dir(plan.model.id, self.loaded.base_dir, plan.model.revision,
                                           allow_outside=self.loaded.allow_outside_paths)
             outputs = self.target_outputs() if plan.role == "target" else ()
-            key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs)
+            key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs, ccl)
         except SpdflowError:
             return lines + ["  compile: known once the model is on this machine (see preflight)"]
         export_dir = self.export_root() / f"{plan.role}-{key[:16]}"

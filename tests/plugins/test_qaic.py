@@ -562,3 +562,63 @@ def test_compile_log_path_is_shown_before_the_compiler_runs(record, onnx):
     assert log_lines and not log_lines[0][1], "the log path is announced before the program exists"
     qpc_dir = next(onnx.parent.glob("qpc-*"))
     assert str(qpc_dir / "compile.log") in log_lines[0][0]
+
+
+# ------------------------------------------------------------------ compute context lengths (CCL)
+
+
+def make_ccl_request(onnx, ks=(0, 4), fbs=None, ccl=(32, 64), **config) -> CompileRequest:
+    request = make_request(onnx, ks, fbs, **config)
+    request.specializations = specialize(list(ks), 32, 128, 1, fbs, comp_ctx_lengths=list(ccl))
+    request.backend_config = request.backend_config.model_copy(update={"comp_ctx_lengths": list(ccl)})
+    return request
+
+
+def ccl_shape(batch, seq, nlk, ccl, fbs=None, prefill=False):
+    doc = flat_shape(batch, seq, nlk, fbs, prefill)
+    # QEfficient's place for the symbol: after ctx_len
+    return {k: v for k, v in [*list(doc.items())[:3], ("comp_ctx_lengths", str(ccl)), *list(doc.items())[3:]]}
+
+
+@pytest.mark.parametrize("fbs", [None, 4])
+def test_ccl_specializations_cross_every_decode_k_with_every_ccl(record, onnx, fbs):
+    """QEfficient 1.22 refuses CCL with a K-list for a TLM; spdflow writes prefill × prefill CCLs,
+    then each K × each decode CCL, and the compile command is the same as without CCL."""
+    program = QaicBackend().compile(make_ccl_request(onnx, [0, 4], fbs))
+    d = program.qpc_dir
+    expected = [ccl_shape(1, 32, 1, c, fbs, prefill=True) for c in (32, 64, 128)]
+    expected += [ccl_shape(fbs or 1, n, n, c, fbs) for n in (1, 5) for c in (32, 64, 128)]
+    assert read_json(d / "specializations.json") == {"specializations": expected}
+    assert list(expected[3]) == ["batch_size", "seq_len", "ctx_len", "comp_ctx_lengths", "num_logits_to_keep",
+                                 *(["full_batch_size"] if fbs else [])]
+    plain = QaicBackend().compile(make_request(onnx, [0, 4], fbs))
+    assert plain.qpc_dir != d  # the CCLs are in the key
+    assert [a.replace(str(d), "D") for a in program.command] == [a.replace(str(plain.qpc_dir), "D") for a in plain.command]
+    script, plain_script = (d / "compile.sh").read_text(), (plain.qpc_dir / "compile.sh").read_text()
+    assert script.replace(d.name, "D") == plain_script.replace(plain.qpc_dir.name, "D")
+    assert '"-network-specialization-config=$HERE/specializations.json"' in script
+    assert read_json(d / "qconfig.json")["specializations"] == read_json(d / "specializations.json")
+    assert (d / "custom_io.yaml").read_text() == (plain.qpc_dir / "custom_io.yaml").read_text()
+
+
+def test_ccl_named_format_numbers_prefill_and_decode(record, onnx):
+    program = QaicBackend().compile(make_ccl_request(onnx, [3], ccl=[64], fmt="named"))
+    doc = read_json(program.qpc_dir / "specializations.json")["specializations"]
+    assert [(s["name"], s["symbols"]["seq_len"], s["symbols"]["comp_ctx_lengths"]) for s in doc] == [
+        ("Prefill_0", "32", "64"), ("Prefill_1", "32", "128"), ("Decode_0", "4", "64"), ("Decode_1", "4", "128")]
+
+
+def test_ccl_session_feeds_the_smallest_comp_ctx_lengths_that_holds_the_step(record, onnx, monkeypatch):
+    names = [("input_ids", 0, 7, [1, 32]), ("position_ids", 0, 7, [1, 32]),
+             ("past_key.0", 0, 6, [1, 1, 128, 4]), ("past_value.0", 0, 6, [1, 1, 128, 4]),
+             ("comp_ctx_lengths", 0, 7, [128]), ("num_logits_to_keep", 0, 7, [1, 1]),
+             ("past_key.0_RetainedState", 1, 6, [1, 1, 128, 4]),
+             ("past_value.0_RetainedState", 1, 6, [1, 1, 128, 4]), ("logits", 1, 1, [1, 1, 11])]
+    fake = FakeRuntime(11, [binding(i, *row) for i, row in enumerate(names)])
+    monkeypatch.setattr(qaic_runtime, "load_runtime", lambda: (fake.qaicrt, fake.aicapi))
+    session = QaicBackend().open_session(QaicBackend().compile(make_ccl_request(onnx, [0, 4])))
+    fed = []
+    for positions in ([[27, 28, 29, 30, 31]], [[28, 29, 30, 31, 32]], [[100, 101, 102, 103, 104]]):
+        session.run(np.zeros((1, 5), dtype=np.int64), np.array(positions), num_logits_to_keep=5)
+        fed.append(dict(zip([n for n, *_ in names], fake.runs[-1]))["comp_ctx_lengths"][1])
+    assert fed == [[32], [64], [128]]
