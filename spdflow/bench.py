@@ -10,8 +10,10 @@ its shape) and one session is opened; the modes differ only in proposer and K po
 A first, untimed no-spec pass warms the session up and gives the greedy reference every mode is
 compared with (and that the ``synthetic`` proposer draws from). Then the repeats run with the
 mode order rotated each repeat, so machine drift hits every mode alike; the rows carry medians
-over repeats plus min/max. Peers (``--peers hf``) run in a subprocess (:mod:`spdflow.peers`) so
-torch never shares the process — or its thread pool — with the ORT timing loop.
+over repeats plus min/max. Peers (``--peers hf,ort-genai,llama.cpp``, :mod:`spdflow.peers`) run
+in child processes kept alive for the batch size, their runs interleaved with the modes in the
+same rotated order, so no other engine shares the process — or its thread pool — with the ORT
+timing loop.
 
 Memory: all modes share one process and one session, so the process's high-water mark says
 nothing per mode. ``peak_rss_mb`` is the largest resident set sampled (every 20 ms) while that
@@ -37,7 +39,7 @@ import numpy as np
 from spdflow.errors import StageError, UsageError
 
 MODES = ("nospec", "fixed", "varK")
-PEERS = ("hf",)
+PEERS = ("hf", "ort-genai", "llama.cpp")
 
 #: Keys every JSON row has (``*_min``/``*_max`` accompany each timed metric).
 ROW_KEYS = ("mode", "batch_size", "requests_per_s", "tokens_per_s", "tpot_ms", "al",
@@ -355,7 +357,15 @@ def table_cells(row: dict) -> list[str]:
     return [str(row["batch_size"]), row["mode"], _fmt(row.get("requests_per_s"), ".2f"), spread,
             _fmt(row.get("tpot_ms"), ".2f"), _fmt(row.get("al"), ".2f"), _pct(row.get("delta_vs_nospec")),
             _pct(row.get("varK_vs_fixed")), _fmt(None if host is None else host * 100, ".1f"), rss,
-            _same(row.get("identical_to_nospec"))]
+            _same(row.get("identical_to_nospec")) + _where(row.get("divergence"))]
+
+
+def _where(divergence: dict | None) -> str:
+    """Where a peer first differs from spdflow's no-spec (request, generated-token index)."""
+    if not divergence:
+        return ""
+    return (f" (request {divergence['request']} token {divergence['position']}; "
+            f"{divergence['requests_differing']}/{divergence['requests']} requests differ)")
 
 
 def rich_table(rows: list[dict], title: str = ""):
@@ -386,31 +396,45 @@ def sort_rows(rows: list[dict]) -> list[dict]:
 
 def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
                 progress: Callable[[str], None]) -> list[dict]:
-    """All modes (and peers) at one batch size: rows with deltas."""
+    """All modes (and peers) at one batch size: rows with deltas. Peers' runs interleave with
+    spdflow's in the same rotated order (each peer family a child process kept alive)."""
+    from spdflow.peers import peer_rows, start_peers
+
     bench = BatchBench(pm, loaded, batch_size, ui)
+    peers: list = []
     try:
         bench.open()
         progress(f"batch {batch_size}: warm-up (no-spec reference)")
         bench.warm_up()
         reference = reference_tokens(bench)
         greedy = bench.sampling.temperature == 0
-        runs = []
-        for repeat, mode in run_order(options.modes, options.repeats):
-            run = bench.run(mode, repeat)
-            progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {mode}: "
-                     f"{run.metrics.e2e_tokens_per_s or 0:.1f} tok/s")
-            runs.append(run)
+        if options.peers:
+            peers = start_peers(options.peers, loaded, bench.recipe, bench.info, bench.requests, batch_size,
+                                options.repeats, peer_work_dir(bench.recipe), progress)
+        peer_of = {mode: peer for peer in peers for mode in peer.modes}
+        runs, peer_runs = [], []
+        for repeat, mode in run_order(list(options.modes) + list(peer_of), options.repeats):
+            if mode in peer_of:
+                result = peer_of[mode].run(mode)
+                peer_runs.append(result)
+                rate = result["tokens_per_s"]
+            else:
+                run = bench.run(mode, repeat)
+                runs.append(run)
+                rate = run.metrics.e2e_tokens_per_s or 0
+            progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {mode}: {rate:.1f} tok/s")
         rows = summarize(runs, reference if greedy else None)
-        requests, info = bench.requests, bench.info
+        rows += peer_rows(peer_runs, batch_size, reference if greedy else None)
     finally:
+        for peer in peers:
+            peer.close()
         bench.close()
-    if "hf" in options.peers:
-        from spdflow.peers import run_hf_peers
-
-        progress(f"batch {batch_size}: HF peers (subprocess)")
-        rows += run_hf_peers(loaded, bench.recipe, info, requests, batch_size, options.repeats,
-                             reference if greedy else None)
     return rows
+
+
+def peer_work_dir(recipe) -> Path:
+    """Where peers keep their converted models: ``peers/`` in the recipe's output directory."""
+    return recipe.output_dir() / "peers"
 
 
 def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:

@@ -27,7 +27,9 @@ def parse_list(text: str | None, what: str, cast=str) -> list | None:
 @click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8 (default: the recipe's).")
 @click.option("--modes", default="nospec,fixed,varK", show_default=True,
               help="Comma-separated modes: nospec, fixed (largest K), varK (the recipe's K policy).")
-@click.option("--peers", default="", help="Comma-separated peers to run too: hf (transformers, in a subprocess).")
+@click.option("--peers", default="", help="Comma-separated peers to run too, interleaved with the modes, each in its own child process: "
+              "hf (transformers), ort-genai (onnxruntime-genai), llama.cpp (llama-cpp-python); one not installed "
+              "is skipped with a line.")
 @click.option("--repeats", default=3, show_default=True, type=int, help="Timed runs per mode (interleaved).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the rows as JSON here.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead of the rich one.")
