@@ -490,8 +490,9 @@ class CostContext:
     #: the recipe file's folder, against which a cost model resolves relative paths
     base_dir: Path | None = None
     #: times decode shapes on the run's own backend now and stores them with the run:
-    #: ``measure(batch, ks)`` -> :class:`spdflow.costs.GridEntry`; None when it cannot run here
-    measure: Callable[[int, Sequence[int]], Any] | None = None
+    #: ``measure(batch, ks, gap_s=0.0)`` -> :class:`spdflow.costs.GridEntry` (``gap_s``: host time
+    #: kept busy after each timed run); None when it cannot run here
+    measure: Callable[..., Any] | None = None
 
 
 class CostModel:

@@ -58,8 +58,13 @@ class GridEntry:
 
 
 def _time_runs(pm, session, shapes: Sequence[tuple[int, int, int]], pad_token_id: int,
-               batch_index: np.ndarray | None) -> list[float]:
-    """Seconds of each run of ``shapes`` (rows, seq_len, num_logits_to_keep), in order."""
+               batch_index: np.ndarray | None, gap_s: float = 0.0) -> list[float]:
+    """Seconds of each run of ``shapes`` (rows, seq_len, num_logits_to_keep), in order.
+
+    ``gap_s`` > 0 keeps the host busy that long after each run (as a generation step's own host
+    work does): a backend's worker threads then stop spinning between runs as they do in a real
+    generation, instead of finding the next run waiting, which makes small shapes look faster
+    than they run in a generation."""
     times = []
     for rows, seq_len, keep in shapes:
         ids = np.full((rows, seq_len), pad_token_id, dtype=np.int64)
@@ -67,12 +72,16 @@ def _time_runs(pm, session, shapes: Sequence[tuple[int, int, int]], pad_token_id
         start = time.perf_counter()
         pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos, num_logits_to_keep=keep,
                                batch_index=batch_index)
-        times.append(time.perf_counter() - start)
+        end = time.perf_counter()
+        times.append(end - start)
+        while gap_s > 0 and time.perf_counter() - end < gap_s:
+            pass
     return times
 
 
 def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, prefill_seq_len: int,
-                 continuous_batching: bool = False, rounds: int = 5, repeats: int = 3, warmup: int = 2) -> GridEntry:
+                 continuous_batching: bool = False, rounds: int = 5, repeats: int = 3, warmup: int = 2,
+                 gap_s: float = 0.0) -> GridEntry:
     """Time every decode shape in ``ks``, the switch between the smallest and the largest K, and
     the prefill shape, on an open session.
 
@@ -80,6 +89,7 @@ def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, p
     short block of every K (``warmup`` untimed runs, then ``repeats`` timed; the K order rotates
     per round), then alternates the smallest and largest K, then one prefill. Each figure is the
     median over rounds of the round's median, so a burst of load hits every shape alike.
+    ``gap_s``: host time kept busy after every run (see :func:`_time_runs`).
     """
     ks = sorted(set(ks))
     decode_index = np.arange(rows, dtype=np.int64).reshape(-1, 1) if continuous_batching else None
@@ -94,11 +104,11 @@ def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, p
         order = ks[round_ % len(ks):] + ks[: round_ % len(ks)]
         for k in order:
             shape = (rows, k + 1, k + 1)
-            times = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, decode_index)
+            times = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, decode_index, gap_s)
             steady[k].append(statistics.median(times[warmup:]))
         if lo != hi:
             pattern = [(rows, lo + 1, lo + 1), (rows, hi + 1, hi + 1)] * (1 + repeats)
-            times = _time_runs(pm, session, pattern, pad_token_id, decode_index)[2:]
+            times = _time_runs(pm, session, pattern, pad_token_id, decode_index, gap_s)[2:]
             after_hi, after_lo = times[0::2], times[1::2]  # K=lo right after hi, K=hi right after lo
             switch.append((statistics.median(after_hi) - steady[lo][-1] + statistics.median(after_lo) - steady[hi][-1]) / 2)
         prefill.append(_time_runs(pm, session, [prefill_shape] * 2, pad_token_id, prefill_index)[1])
@@ -147,3 +157,36 @@ def merge_entry(old: GridEntry | None, new: GridEntry) -> GridEntry:
     verify = {**old.verify_s, **new.verify_s}
     return GridEntry(new.batch, verify, new.switch_s, new.prefill_s, new.prefill_seq_len, new.repeats,
                      new.measured_at, new.load)
+
+
+# ------------------------------------------------------------------------------ the run's own steps
+
+
+@dataclass
+class InSitu:
+    """Step times of a run's own generation, from its trace: what its verify runs took there,
+    with the host work, the proposer and the backend's threads as they really interleave."""
+
+    batch: int
+    #: mean seconds of the run's verify runs per K (the mean, not the median: a throughput is a
+    #: sum of step times, slow steps included), and how many steps each mean is of
+    verify_s: dict[int, float]
+    steps: dict[int, int]
+    #: mean host seconds per step (step time outside proposer and verify), and the median of
+    #: host + proposer per step (the gap a verify run follows in a generation)
+    host_per_step_s: float
+    gap_s: float
+
+
+def in_situ(records: list[dict]) -> InSitu | None:
+    """The run's own step times (None for a run without decode steps)."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    if not steps:
+        return None
+    by_k: dict[int, list[float]] = {}
+    for step in steps:
+        by_k.setdefault(int(step["k"]), []).append(float(step["verify_s"]))
+    host = [float(s.get("host_s", 0.0)) for s in steps]
+    gaps = [float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0)) for s in steps]
+    return InSitu(int(steps[0].get("batch", 1)), {k: statistics.fmean(v) for k, v in by_k.items()},
+                  {k: len(v) for k, v in by_k.items()}, sum(host) / len(host), statistics.median(gaps))

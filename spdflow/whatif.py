@@ -432,7 +432,25 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     if not identical:
         notes.append("the replay did not emit the recorded tokens: the run was not lossless or its files disagree; "
                      "this prediction is not trustworthy")
-    return Prediction(scenario, Figures.from_records(records), exact and identical, notes, identical)
+    figures = Figures.from_records(records)
+    host = getattr(cost, "host_per_step_s", None)
+    if host is not None and not clock.priced_only and figures.steps:
+        figures = charge_host(figures, host)
+        notes.append(f"host time: the run's own {host * 1e3:.3f} ms per step (the replay's own host work runs with "
+                     "no real backend beside it and is cheaper than a generation's)")
+    return Prediction(scenario, figures, exact and identical, notes, identical)
+
+
+def charge_host(figures: Figures, host_per_step_s: float) -> Figures:
+    """``figures`` with every step's host time set to ``host_per_step_s`` (wall and rates follow)."""
+    delta = figures.steps * host_per_step_s - figures.host_s
+    wall = figures.wall_s + delta
+    decode = None
+    if figures.decode_tokens_per_s:
+        decode_s = figures.generated_tokens / figures.decode_tokens_per_s + delta
+        decode = figures.generated_tokens / decode_s if decode_s > 0 else None
+    return dataclasses.replace(figures, wall_s=wall, host_s=figures.host_s + delta, decode_tokens_per_s=decode,
+                               tokens_per_s=figures.generated_tokens / wall if wall > 0 else None)
 
 
 def check_scenario(run: RunData, scenario: Scenario) -> None:
@@ -497,7 +515,7 @@ def measure_on_backend(pm, run: RunData):
     if backend.unavailable_reason():
         return None
 
-    def measure(batch: int, ks: Sequence[int]):
+    def measure(batch: int, ks: Sequence[int], gap_s: float = 0.0):
         ks = sorted(set(ks))
         recipe = batch_recipe(run.recipe, batch).model_copy(update={"num_speculative_tokens": ks,
                                                                      "output": str(run.run_dir)})
@@ -508,7 +526,7 @@ def measure_on_backend(pm, run: RunData):
             session = engine.open_session(program)
             spec = recipe.specialization
             entry = measure_grid(pm, session, spec.full_batch_size or spec.batch_size, ks, info.pad_token_id,
-                                 spec.prefill_seq_len, spec.full_batch_size is not None)
+                                 spec.prefill_seq_len, spec.full_batch_size is not None, gap_s=gap_s)
         finally:
             for opened in engine._sessions:
                 opened.close()

@@ -261,3 +261,62 @@ def test_whatif_refuses_a_proposer_that_reads_the_target_outputs(greedy_run, pro
         replay(pm, run, own_scenario(run), cost)
     nospec = replay(pm, run, Scenario((0,), "nospec", 1), cost)  # K = 0 needs no proposer
     assert nospec.identical
+
+
+def test_in_situ_reads_the_runs_own_verify_medians_host_and_gap():
+    from spdflow.costs import in_situ
+
+    steps = [{"kind": "step", "k": k, "batch": 2, "verify_s": v, "host_s": h, "propose_s": p}
+             for k, v, h, p in [(0, 1.0, 0.1, 0.0), (0, 4.0, 0.3, 0.0), (4, 5.0, 0.2, 0.1), (0, 1.0, 0.2, 0.1)]]
+    own = in_situ([{"kind": "header"}, {"kind": "prefill"}, *steps])
+    assert own.batch == 2 and own.verify_s == {0: 2.0, 4: 5.0} and own.steps == {0: 3, 4: 1}  # means
+    assert own.host_per_step_s == pytest.approx(0.2) and own.gap_s == pytest.approx(0.3)  # median of .1 .3 .3 .3
+    assert in_situ([{"kind": "header"}]) is None
+
+
+def test_measured_prices_the_runs_own_batch_from_its_steps_and_other_shapes_from_the_grid(greedy_run):
+    from spdflow.costs import in_situ
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    own = in_situ(run.records)
+    cost = make_cost_model(pm, run, "measured")
+    often = [k for k, n in own.steps.items() if n >= 5]
+    assert often, own.steps
+    for k in often:  # the run's own batch: its own mean, not the grid's
+        assert cost.verify_s(own.batch, k) == own.verify_s[k]
+    assert cost.host_per_step_s == own.host_per_step_s
+    grid_only = make_cost_model(pm, run, "measured", {"in_situ": False})
+    assert grid_only.host_per_step_s is None
+    assert grid_only.verify_s(own.batch, often[0]) == grid_only.grid[own.batch].verify_s[often[0]]
+    # a replay with in_situ charges the run's host time per step
+    prediction = replay(pm, run, own_scenario(run), cost)
+    assert prediction.figures.host_s == pytest.approx(prediction.figures.steps * own.host_per_step_s)
+    assert any("host time: the run's own" in n for n in prediction.notes)
+
+
+def test_charge_host_moves_wall_and_rates_with_the_host_time():
+    from spdflow.whatif import Figures, charge_host
+
+    figures = Figures(100.0, 200.0, 10, {0: 10}, 1.0, 1.0, 0.5, 0.0, 0.01, 0.2, 100)
+    charged = charge_host(figures, 0.011)  # 10 steps x 11 ms = 0.11 s of host instead of 0.01 s
+    assert charged.host_s == pytest.approx(0.11) and charged.wall_s == pytest.approx(1.1)
+    assert charged.tokens_per_s == pytest.approx(100 / 1.1)
+    assert charged.decode_tokens_per_s == pytest.approx(100 / (0.5 + 0.1))
+
+
+def test_grid_timing_keeps_the_host_busy_for_the_gap_after_each_run():
+    import time
+
+    from spdflow.costs import _time_runs
+
+    class Hook:
+        def spdflow_verify(self, **kwargs):
+            return None
+
+    class PM:
+        hook = Hook()
+
+    start = time.perf_counter()
+    times = _time_runs(PM(), None, [(1, 1, 1)] * 5, 0, None, gap_s=0.01)
+    assert time.perf_counter() - start >= 0.05 and len(times) == 5 and max(times) < 0.01

@@ -4,13 +4,19 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from spdflow.api import CostContext, CostModel
-from spdflow.costs import GRID_FILE, GridEntry, read_grid
+from spdflow.costs import GRID_FILE, GridEntry, in_situ, read_grid
 from spdflow.errors import RunDataError
 
 
 class MeasuredConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     remeasure: bool = Field(False, description="Time every shape again, even those cost_grid.json already has.")
+    in_situ: bool = Field(True, description="Price the run's own batch size with its own verify times (from its "
+                          "trace: mean verify time of each K it ran at least 5 times), time other shapes with the run's host gap "
+                          "between runs, and charge the run's own host time per step instead of the replay's.")
+
+#: a K the run verified fewer times than this is priced from the timed grid instead
+MIN_STEPS = 5
 
 
 class MeasuredCost(CostModel):
@@ -27,6 +33,9 @@ class MeasuredCost(CostModel):
         self.remeasure = bool(config and config.remeasure)
         self.grid: dict[int, GridEntry] = read_grid(ctx.run_dir)
         self.fresh: set[int] = set()
+        self.own = in_situ(ctx.records) if (config is None or config.in_situ) else None
+        #: seconds of host work per step the replay charges instead of its own (None: its own)
+        self.host_per_step_s = self.own.host_per_step_s if self.own else None
 
     def prepare(self, needs: dict[int, list[int]]) -> None:
         """Measure every (batch, K) in ``needs`` that is not stored yet (all of them with remeasure)."""
@@ -40,7 +49,7 @@ class MeasuredCost(CostModel):
                                    f"K in {sorted(ks)}, and backend '{self.ctx.recipe.devices.backend}' cannot run here "
                                    "to measure it", hint="use --cost table or --cost roofline")
             want = set(ks) | (set(entry.verify_s) if entry is not None else set())
-            self.grid[batch] = self.ctx.measure(batch, sorted(want))
+            self.grid[batch] = self.ctx.measure(batch, sorted(want), gap_s=self.own.gap_s if self.own else 0.0)
             self.fresh.add(batch)
 
     def _entry(self, batch: int, k: int) -> GridEntry:
@@ -51,6 +60,9 @@ class MeasuredCost(CostModel):
         return entry
 
     def verify_s(self, batch, k):
+        own = self.own
+        if own is not None and batch == own.batch and own.steps.get(k, 0) >= MIN_STEPS:
+            return own.verify_s[k]
         return self._entry(batch, k).verify_s[k]
 
     def switch_s(self, batch):
@@ -64,7 +76,13 @@ class MeasuredCost(CostModel):
         batches = {str(b): {"verify_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(e.verify_s.items())},
                             "switch_ms": round(e.switch_s * 1e3, 4), "measured_at": e.measured_at, "load": e.load}
                    for b, e in sorted(self.grid.items())}
-        return {"cost_model": "measured",
+        own = None
+        if self.own is not None:
+            own = {"batch": self.own.batch, "host_per_step_ms": round(self.own.host_per_step_s * 1e3, 4),
+                   "gap_ms": round(self.own.gap_s * 1e3, 4),
+                   "verify_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.own.verify_s.items())
+                                 if self.own.steps[k] >= MIN_STEPS}}
+        return {"cost_model": "measured", "in_situ": own,
                 "source": f"{GRID_FILE} in the run directory: medians of verify runs timed on backend "
                           f"'{self.ctx.recipe.devices.backend}' (blocks of one K; switch = extra time of the first run "
                           "after a change between the smallest and largest K timed)",
