@@ -51,8 +51,12 @@ def k_usage_text(usage: dict, steps: int) -> str:
 @click.option("--batch-size", "batch_sizes", help="Comma-separated batch sizes (default: the run's).")
 @cost_option
 @cost_with_option
+@click.option("--oracle", is_flag=True,
+              help="Instead: the best K schedule knowing what each K would accept (greedy runs, batch 1), beside "
+                   "the policy, no-spec and every fixed K of the run's list, all priced alike: policy efficiency "
+                   "(policy ÷ oracle) and regret against the best static choice.")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
-def whatif(run_dir, k_list, policy, batch_sizes, cost_name, cost_with, as_json):
+def whatif(run_dir, k_list, policy, batch_sizes, cost_name, cost_with, oracle, as_json):
     """Replay the finished run in RUN_DIR under another K-list, K policy or batch size, and price
     every step with a cost model.
 
@@ -73,6 +77,12 @@ def whatif(run_dir, k_list, policy, batch_sizes, cost_name, cost_with, as_json):
     pm.lookup("k_policy", policy_name)
     scenarios = [wi.Scenario(ks, policy_name, b) for b in sizes]
     cost = wi.make_cost_model(pm, run, cost_name, parse_settings(cost_with))
+    if oracle:
+        from spdflow.oracle import oracle_report
+
+        report = oracle_report(pm, run, cost, policy_name)
+        click.echo(json.dumps(report.to_json(), indent=2) if as_json else render_oracle(report))
+        return
     wi.prepare(cost, scenarios)
     predictions = [wi.replay(pm, run, s, cost) for s in scenarios]
     measured = wi.own_figures(run)
@@ -83,6 +93,24 @@ def whatif(run_dir, k_list, policy, batch_sizes, cost_name, cost_with, as_json):
                               indent=2, default=str))
         return
     click.echo(render_whatif(own, measured, predictions, cost))
+
+
+def render_oracle(report) -> str:
+    """The oracle beside the policy and the static choices (batch 1)."""
+    lines = ["| schedule (batch 1) | tok/s | vs oracle |", "|---|---|---|"]
+
+    def row(label, tps):
+        lines.append(f"| {label} | {_fmt(tps)} | {tps / report.oracle_tokens_per_s:.3f} |")
+
+    row(f"oracle ({report.oracle_steps} steps, {k_usage_text(report.oracle_k_usage, report.oracle_steps)})",
+        report.oracle_tokens_per_s)
+    row(f"policy {report.policy}", report.policy_tokens_per_s)
+    row("no-spec", report.nospec_tokens_per_s)
+    for k, tps in sorted(report.fixed_tokens_per_s.items()):
+        row(f"fixed K={k}", tps)
+    lines += ["", f"policy efficiency {report.efficiency:.3f} (policy ÷ oracle); regret {report.regret * 100:+.1f}% "
+                  "(policy ÷ max(no-spec, best fixed K) − 1)"]
+    return "\n".join(lines)
 
 
 def render_whatif(own, measured, predictions, cost) -> str:
