@@ -454,7 +454,7 @@ def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:
         rows += bench_batch(pm, loaded, batch_size, options, ui, ui.message)
     rows = sort_rows(add_deltas(rows))
     if options.json_path is not None:
-        from spdflow.engine.cache import write_json_atomic
+        from spdflow.files import write_json_atomic
 
         options.json_path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(options.json_path, rows)

@@ -233,7 +233,7 @@ def schema(output, for_sweep):
 
     text = json.dumps(sweep_json_schema() if for_sweep else recipe_json_schema(_pm()), indent=2)
     if output:
-        from spdflow.engine.cache import write_text_atomic
+        from spdflow.files import write_text_atomic
 
         write_text_atomic(output, text + "\n")
     else:

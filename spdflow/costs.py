@@ -143,7 +143,7 @@ def read_grid(run_dir: Path) -> dict[int, GridEntry]:
 
 def write_grid(run_dir: Path, entries: dict[int, GridEntry], backend: str) -> None:
     """Store the entries with the run (atomic)."""
-    from spdflow.engine.cache import write_json_atomic
+    from spdflow.files import write_json_atomic
 
     data = {"version": GRID_VERSION, "backend": backend,
             "entries": [entries[b].to_json() for b in sorted(entries)]}

@@ -34,24 +34,6 @@ def test_done_marker_detects_corruption(tmp_path):
     assert "missing" in cache.read_done(out)[1]
 
 
-def test_atomic_write_leaves_no_temp_on_failure(tmp_path, monkeypatch):
-    import os
-
-    import pytest
-
-    target = tmp_path / "x.json"
-    cache.write_text_atomic(target, "old")
-
-    def boom(*args):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
-        cache.write_text_atomic(target, "new")
-    assert target.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
-
-
 def test_done_marker_hashes_only_files_whose_size_or_mtime_changed(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from spdflow.api import Backend, CompiledProgram, CompileRequest, Specialization
 from spdflow.engine import cache
-from spdflow.engine.cache import build_lock, sha256_file
+from spdflow.engine.cache import build_lock
 from spdflow.errors import StageError
+from spdflow.files import atomic_dir, sha256_file, short_hash, write_json_atomic, write_text_atomic
 from spdflow_ort.config import OrtConfig
 from spdflow_ort.lowering import LOWERING_VERSION, lower_custom_ops
 
@@ -146,12 +147,11 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
     import onnx
     import onnxruntime
 
-    from spdflow.qpc import short_hash, write_json_atomic
     from spdflow_qaic.formats import render_custom_io, specializations_document
 
     specs = request.specializations
     write_json_atomic(work / "specializations.json", specializations_document(specs))
-    (work / "custom_io.yaml").write_text(render_custom_io(custom_io), encoding="utf-8")
+    write_text_atomic(work / "custom_io.yaml", render_custom_io(custom_io))
     write_json_atomic(work / "hashed_compile_params.json", params)
     write_json_atomic(work / "qconfig.json", _qconfig(request, onnxruntime.__version__))
 
@@ -268,7 +268,6 @@ class OrtBackend(Backend):
         """Build ``export_dir/qpc-<key>/`` unless a complete one exists (then it is reused)."""
         import onnx
 
-        from spdflow.qpc import short_hash
         from spdflow_qaic.formats import custom_io_entries
 
         onnx_path = Path(request.onnx_path)
@@ -288,8 +287,6 @@ class OrtBackend(Backend):
             return self._build(request, model, params, custom_io, key, qpc_dir)
 
     def _build(self, request: CompileRequest, model, params: dict, custom_io, key: str, qpc_dir: Path) -> OrtProgram:
-        from spdflow.qpc import atomic_dir
-
         problem = None if request.force else program_problem(qpc_dir, verify=request.verify)
         if not request.force and problem is None:
             return self._program(request, qpc_dir, key, cached=True, reason=f"key {key}")

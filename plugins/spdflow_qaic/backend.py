@@ -23,7 +23,7 @@ from spdflow.api import Backend, CompiledProgram, CompileRequest, Session
 from spdflow.engine import cache
 from spdflow.engine.cache import build_lock
 from spdflow.errors import BackendUnavailableError, StageError
-from spdflow.qpc import short_hash, write_text_atomic
+from spdflow.files import short_hash, write_text_atomic
 from spdflow_qaic.config import QaicConfig
 from spdflow_qaic.formats import (
     PROGRAM_MARKER,

@@ -9,12 +9,11 @@ Checking is fast: only files whose size or mtime changed are hashed again (all w
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from spdflow.qpc import write_text_atomic
+from spdflow.files import canonical_json, sha256_file, sha256_text, write_json_atomic
 
 DONE_MARKER = ".spdflow-done.json"
 KEY_SCHEMA = 1
@@ -24,23 +23,10 @@ FULL_HASH_LIMIT = 256 * 1024 * 1024
 MARKER_FORMAT = 2
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
-
-
 def stage_key(impl: str, version: str, config: Any, inputs: dict[str, str]) -> str:
     """The full sha256 hex key of one stage invocation."""
     payload = {"key_schema": KEY_SCHEMA, "impl": impl, "version": version, "config": config, "inputs": inputs}
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks (weights can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_text(canonical_json(payload))
 
 
 def file_digest(path: Path) -> str:
@@ -146,17 +132,10 @@ def build_lock(target: Path, *, wait: bool = True) -> Iterator[None]:
 
     locks = Path(tempfile.gettempdir()) / f"spdflow-locks-{os.getuid()}"
     locks.mkdir(mode=0o700, exist_ok=True)
-    name = hashlib.sha256(str(Path(target).resolve()).encode()).hexdigest()[:32]
+    name = sha256_text(str(Path(target).resolve()))[:32]
     with open(locks / f"{name}.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-__all__ = ["write_text_atomic"]  # re-exported: one atomic writer for the whole project

@@ -6,9 +6,7 @@ Stages: export -> specialize -> compile -> generate -> report. Each stage record
 from __future__ import annotations
 
 import json
-import platform
 import resource
-import shutil
 import sys
 import time
 import uuid
@@ -34,6 +32,7 @@ from spdflow.api import (
 )
 from spdflow.engine import cache
 from spdflow.errors import LosslessError, PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
+from spdflow.files import atomic_dir
 from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, required_ks
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
@@ -264,9 +263,7 @@ class Engine:
                 return target / marker["onnx"], _model_info(marker["model_info"]), key, True, f"key {key[:8]}…"
             if target.exists():
                 self.ui.warn(f"export of {role} model in '{target}' is not trusted ({why}); rebuilding")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile_dir(target))
-        try:
+        with atomic_dir(target) as work:
             request = ExportRequest(model=model, model_dir=model_dir, role=role, continuous_batching=cb,
                                     work_dir=work, progress=self.ui.message, outputs=outputs, ccl=ccl)
             result = self.pm.hook.spdflow_export(request=request)
@@ -274,12 +271,6 @@ class Engine:
                 raise PluginError("no plugin implements spdflow_export", hint="reinstall spdflow (the 'onnx' plugin)")
             info = result.model_info
             cache.write_done(work, {"onnx": result.onnx_path.name, "key": key, "model_info": _model_info_json(info)})
-            if target.exists():
-                shutil.rmtree(target)
-            work.rename(target)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
         info = _model_info(_model_info_json(info))
         return target / result.onnx_path.name, info, key, False, "no cached export with this key"
 
@@ -716,12 +707,6 @@ def baseline_summary(records: list[dict]) -> dict[str, Any]:
             "step_costs": [c.model_dump() for c in m.step_costs]}
 
 
-def tempfile_dir(target: Path) -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-
-
 def _model_info_json(info: ModelInfo) -> dict:
     return {"name": info.name, "model_type": info.model_type, "vocab_size": info.vocab_size, "num_layers": info.num_layers,
             "num_kv_heads": info.num_kv_heads, "head_dim": info.head_dim, "eos_token_ids": list(info.eos_token_ids),
@@ -775,25 +760,3 @@ def _one_line(exc: BaseException) -> str:
 def peak_rss_mb() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(usage / 1024 if sys.platform != "darwin" else usage / (1024 * 1024), 1)
-
-
-def environment() -> dict[str, Any]:
-    import importlib.metadata as md
-    import os
-
-    versions = {}
-    for name in ("numpy", "onnx", "onnxruntime", "torch", "transformers", "tokenizers", "pydantic", "pluggy"):
-        try:
-            versions[name] = md.version(name)
-        except md.PackageNotFoundError:
-            versions[name] = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "packages": versions}
-
-
-def write_json(path: Path, obj) -> None:
-    cache.write_json_atomic(path, obj)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    cache.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -5,8 +5,8 @@ import time
 from pathlib import Path
 
 from spdflow import __version__
-from spdflow.engine import cache
-from spdflow.engine.run import peak_rss_mb, write_jsonl
+from spdflow.engine.run import peak_rss_mb
+from spdflow.files import canonical_json, sha256_file, sha256_text, write_jsonl_atomic, write_text_atomic
 from spdflow.report.metrics import compute_metrics, trace_header
 from spdflow.report.model import (
     Artifact,
@@ -27,8 +27,8 @@ def write_run_report(engine) -> RunReport:
     """Write trace.jsonl, outputs.jsonl and report.json/.md/.html (+ plots) into the run dir."""
     state = engine.state
     run_dir = engine.run_dir
-    write_jsonl(run_dir / "trace.jsonl", [trace_header(__version__)] + state.records)
-    write_jsonl(run_dir / "outputs.jsonl", state.outputs)
+    write_jsonl_atomic(run_dir / "trace.jsonl", [trace_header(__version__)] + state.records)
+    write_jsonl_atomic(run_dir / "outputs.jsonl", state.outputs)
     has_steps = any(r.get("kind") == "request" for r in state.records)
     metrics = compute_metrics(state.records) if has_steps else None
     report = RunReport(
@@ -57,7 +57,7 @@ def write_run_report(engine) -> RunReport:
     )
     write_report_files(run_dir, report, state.records)
     if engine.options.report_path:
-        cache.write_text_atomic(Path(engine.options.report_path), (run_dir / "report.json").read_text())
+        write_text_atomic(Path(engine.options.report_path), (run_dir / "report.json").read_text())
     return report
 
 
@@ -75,14 +75,12 @@ def _timed_costs(run_dir: Path) -> list[TimedCosts]:
 
 def effective_recipe_sha256(recipe) -> str:
     """sha256 of the validated recipe (defaults filled, --set applied) as canonical JSON."""
-    import hashlib
-
-    return hashlib.sha256(cache.canonical_json(recipe.model_dump(mode="json", by_alias=True)).encode()).hexdigest()
+    return sha256_text(canonical_json(recipe.model_dump(mode="json", by_alias=True)))
 
 
 def _recipe_sha256(path: Path) -> str | None:
     try:
-        return cache.sha256_file(Path(path))
+        return sha256_file(Path(path))
     except OSError:
         return None
 

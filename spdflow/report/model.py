@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spdflow.engine.cache import sha256_file
+from spdflow.files import sha256_file
 from spdflow.errors import SpdflowError
 from spdflow.report.metrics import Metrics, StepCost
 

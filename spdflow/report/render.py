@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import base64
 import html
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spdflow.files import write_bytes_atomic, write_text_atomic
 from spdflow.report.metrics import Metrics, compute_metrics, glossary
 from spdflow.report.model import RunReport
 
@@ -512,27 +511,10 @@ def _html_glossary() -> str:
 # files
 
 
-def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Write ``data`` to a temp file next to ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(payload)
-        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600; reports are read like any other file
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _write(path: Path, data: bytes | str) -> Path:
+    if isinstance(data, bytes):
+        return write_bytes_atomic(path, data)
+    return write_text_atomic(path, data)
 
 
 def _with_metrics(report: RunReport, records: list[dict]) -> RunReport:
@@ -561,11 +543,11 @@ def write_report_files(run_dir: Path, report: RunReport, records: list[dict]) ->
     plots = render_plots(report.metrics) if report.metrics is not None else []
     written: dict[str, Path] = {}
     for plot in plots:
-        written[f"plot:{plot.name}"] = write_atomic(run_dir / "plots" / f"{plot.name}.png", plot.png)
+        written[f"plot:{plot.name}"] = _write(run_dir / "plots" / f"{plot.name}.png", plot.png)
     plot_links = {p.title: f"plots/{p.name}.png" for p in plots}
-    written["json"] = write_atomic(run_dir / "report.json", report.model_dump_json(indent=2) + "\n")
-    written["md"] = write_atomic(run_dir / "report.md", render_markdown(report, plot_links))
-    written["html"] = write_atomic(run_dir / "report.html", render_html(report, plots))
+    written["json"] = _write(run_dir / "report.json", report.model_dump_json(indent=2) + "\n")
+    written["md"] = _write(run_dir / "report.md", render_markdown(report, plot_links))
+    written["html"] = _write(run_dir / "report.html", render_html(report, plots))
     return written
 
 

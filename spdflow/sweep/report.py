@@ -7,13 +7,14 @@ throughput against the K-list, one line per proposer and one plot per batch size
 from __future__ import annotations
 
 import base64
-import hashlib
 import html
 import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from spdflow.files import canonical_json, sha256_text, write_bytes_atomic, write_text_atomic
 
 SWEEP_REPORT_VERSION = 1
 
@@ -139,7 +140,7 @@ def _outputs_sha256(path: Path) -> str | None:
     except (OSError, ValueError):
         return None
     tokens = [[row.get("request"), row.get("tokens")] for row in rows]
-    return hashlib.sha256(json.dumps(tokens, separators=(",", ":")).encode()).hexdigest()
+    return sha256_text(canonical_json(tokens))
 
 
 def best_points(points: list[PointResult]) -> dict[str, Best]:
@@ -159,8 +160,6 @@ def best_points(points: list[PointResult]) -> dict[str, Best]:
 
 
 def write_sweep_json(out: Path, sweep: SweepReport) -> Path:
-    from spdflow.engine.cache import write_text_atomic
-
     sweep.best = best_points(sweep.points)
     path = out / "sweep.json"
     write_text_atomic(path, sweep.model_dump_json(indent=2) + "\n")
@@ -169,17 +168,13 @@ def write_sweep_json(out: Path, sweep: SweepReport) -> Path:
 
 def write_sweep_report(out: Path, sweep: SweepReport) -> dict[str, Path]:
     """sweep.json, sweep.md, sweep.html and plots/*.png in ``out``."""
-    from spdflow.engine.cache import write_text_atomic
-
     paths = {"json": write_sweep_json(out, sweep)}
     plots = render_plots(sweep)
     plot_dir = out / "plots"
     files = {}
     for name, title, png in plots:
         plot_dir.mkdir(exist_ok=True)
-        tmp = plot_dir / f".{name}.png.tmp"
-        tmp.write_bytes(png)
-        tmp.replace(plot_dir / f"{name}.png")
+        write_bytes_atomic(plot_dir / f"{name}.png", png)
         files[name] = (title, f"plots/{name}.png")
     paths["md"] = out / "sweep.md"
     write_text_atomic(paths["md"], render_markdown(sweep, files))

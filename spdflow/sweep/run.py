@@ -184,7 +184,7 @@ def _run_points(pm, loaded: LoadedSweep, executor, out: Path, options: SweepOpti
 
 def _keep_remote_report(point_dir: Path, outcome: dict) -> None:
     """A point that ran on another Ray node: keep its report.json and outputs here too."""
-    from spdflow.engine.cache import write_text_atomic
+    from spdflow.files import write_text_atomic
 
     for name, key in (("report.json", "report"), ("outputs.jsonl", "outputs")):
         if outcome.get(key) and not (point_dir / name).is_file():

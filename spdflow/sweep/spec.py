@@ -19,7 +19,6 @@ sweep file (or of the base recipe) the value came from.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from spdflow.files import canonical_json, sha256_text
 from spdflow.recipe.loader import (
     LoadedRecipe,
     key_path_problem,
@@ -142,18 +142,12 @@ def _slug(assignments: list[tuple[str, Any]]) -> str:
     return text[:40].rstrip("-._") or "base"
 
 
-def canonical(obj: Any) -> str:
-    from spdflow.engine.cache import canonical_json
-
-    return canonical_json(obj)
-
-
 def point_key(recipe: dict, root: Path | None, check_lossless: bool) -> str:
     """What decides a point's result: its recipe (less name and output), where its relative
     paths resolve, and whether the lossless check runs."""
     body = {k: v for k, v in recipe.items() if k not in OWN_KEYS}
     payload = {"recipe": body, "root": str(root) if root else None, "check_lossless": check_lossless}
-    return hashlib.sha256(canonical(payload).encode()).hexdigest()
+    return sha256_text(canonical_json(payload))
 
 
 # ------------------------------------------------------------------------------------ reading

@@ -23,7 +23,7 @@ def write_point_files(payload: dict) -> Path:
     """Write point.json and the point's recipe.yaml into its dir (again on another Ray node)."""
     import yaml
 
-    from spdflow.engine.cache import write_json_atomic, write_text_atomic
+    from spdflow.files import write_json_atomic, write_text_atomic
 
     point_dir = Path(payload["dir"])
     point_dir.mkdir(parents=True, exist_ok=True)

@@ -452,18 +452,7 @@ def test_session_sizes_logits_per_k_and_keeps_the_kv_on_device(record, onnx, mon
     assert fake.created["closed"]
 
 
-# ------------------------------------------------- spdflow.qpc (hashing, atomic writes) and formats
-
-from spdflow import qpc  # noqa: E402  (kept next to its tests; both backends use this module)
-
-
-def test_canonical_json_and_short_hash_follow_qefficient():
-    assert qpc.canonical_json({"b": [1, 2], "a": "x"}) == '{"a":"x","b":[1,2]}'
-    import hashlib
-
-    assert qpc.short_hash({"b": [1, 2], "a": "x"}) == hashlib.sha256(b'{"a":"x","b":[1,2]}').hexdigest()[:16]
-    with pytest.raises(ValueError):
-        qpc.canonical_json({"a": float("nan")})
+# ------------------------------------------------------------------------------ formats
 
 
 def test_specializations_document_never_writes_integers_or_internal_tags():
@@ -477,29 +466,6 @@ def test_specializations_document_never_writes_integers_or_internal_tags():
 
 def test_render_custom_io_exact_format():
     assert formats.render_custom_io([("past_key.0", "mxint8")]) == " - IOName: past_key.0\n   Precision: mxint8\n\n"
-
-
-def test_write_atomic_leaves_only_the_target(tmp_path):
-    qpc.write_json_atomic(tmp_path / "a.json", {"b": 1, "a": 2})
-    qpc.write_text_atomic(tmp_path / "run.sh", "echo\n", mode=0o755)
-    assert json.loads((tmp_path / "a.json").read_text()) == {"a": 2, "b": 1}
-    assert os.access(tmp_path / "run.sh", os.X_OK)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "run.sh"]
-
-
-def test_atomic_dir_replaces_an_incomplete_target_and_cleans_up_on_failure(tmp_path):
-    target = tmp_path / "qpc-0"
-    target.mkdir()
-    (target / "partial").write_text("x")
-    with qpc.atomic_dir(target) as work:
-        assert work.parent == tmp_path and work != target
-        (work / "done").write_text("y")
-    assert [p.name for p in target.iterdir()] == ["done"]
-    with pytest.raises(RuntimeError):
-        with qpc.atomic_dir(tmp_path / "qpc-1") as work:
-            (work / "half").write_text("z")
-            raise RuntimeError("boom")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["qpc-0"]
 
 
 # ------------------------------------------------------------------------------ compile knobs
