@@ -5,7 +5,6 @@ This module imports only numpy and pydantic: lint and schema never pull in an ML
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
@@ -68,6 +67,21 @@ class ModelInfo:
     pad_token_id: int
     source_dir: Path
     tokenizer_file: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form kept in export done markers and ``model_info.json``."""
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["eos_token_ids"] = list(self.eos_token_ids)
+        data["source_dir"] = str(self.source_dir)
+        data["tokenizer_file"] = str(self.tokenizer_file) if self.tokenizer_file else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ModelInfo":
+        """The inverse of :meth:`to_json`."""
+        return cls(data["name"], data["model_type"], data["vocab_size"], data["num_layers"], data["num_kv_heads"],
+                   data["head_dim"], tuple(data["eos_token_ids"]), data["pad_token_id"], Path(data["source_dir"]),
+                   Path(data["tokenizer_file"]) if data.get("tokenizer_file") else None)
 
 
 @dataclass
@@ -527,6 +541,62 @@ class CostModel:
 
 
 # --------------------------------------------------------------------------------------------
+# a run, as lifecycle hooks see it
+
+#: the stages of a run, in order
+STAGES = ("export", "specialize", "compile", "generate", "report")
+
+
+@dataclass
+class StageResult:
+    """One stage's outcome: status (ran, cached, failed, not_run), why, how long, its cache key."""
+
+    name: str
+    status: str = "not_run"
+    reason: str = ""
+    duration_s: float = 0.0
+    cache_key: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _utc_now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _new_run_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:12]
+
+
+def _perf_counter() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+@dataclass
+class RunState:
+    """The mutable state of one run, passed to lifecycle hooks (``spdflow_before_run`` ...)."""
+
+    recipe: "Recipe"
+    run_dir: Path
+    run_id: str = field(default_factory=_new_run_id)
+    stages: dict[str, StageResult] = field(default_factory=lambda: {n: StageResult(n) for n in STAGES})
+    status: str = "running"
+    error: dict[str, str] | None = None
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+    started_at: str = field(default_factory=_utc_now)
+    t0: float = field(default_factory=_perf_counter)
+    lossless: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None  # the no-spec baseline's metrics, when it ran in this process
+    outputs: list[dict] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
 # registration
 
 
@@ -544,8 +614,3 @@ class Registration:
 
 
 REGISTRATION_KINDS = ("proposer", "backend", "k_policy", "acceptor", "workload", "cost_model")
-
-
-def replace(obj, **changes):
-    """dataclasses.replace, re-exported so plugins need not import dataclasses."""
-    return dataclasses.replace(obj, **changes)

@@ -23,7 +23,6 @@ resident set just before the mode started: what the mode itself added.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import subprocess
@@ -135,7 +134,7 @@ def current_rss_mb() -> float:
             pages = int(handle.read().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
     except (OSError, ValueError, IndexError):
-        from spdflow.engine.run import peak_rss_mb
+        from spdflow.report.model import peak_rss_mb
 
         return peak_rss_mb()
 
@@ -184,38 +183,20 @@ class BatchBench:
         self.session = None
 
     def open(self) -> None:
-        """Compile (cached) for the K-list plus 0, open the session, tokenize the workload."""
-        from spdflow.api import Request, Sampling
-        from spdflow.engine.generate import LoopConfig, check_prompts
-        from spdflow.engine.run import load_tokenizer
-        from spdflow.workload import load_prompts
-
+        """Compile (cached) for the K-list plus 0, then the engine's own generation setup:
+        tokenized workload, target session, loop configuration."""
         recipe = self.recipe
         program, self.info = self.engine.build_model(recipe.model, "target", compile_k_list(recipe), recipe.devices)
         if not program.runnable:
             raise StageError("the compiled program cannot run on this machine", hint="bench needs a runnable backend")
-        self.tokenizer = load_tokenizer(self.info)
-        workload = recipe.workload
-        prompts = load_prompts(workload, self.loaded.base_dir, self.pm, allow_outside=self.loaded.allow_outside_paths)
-        self.requests = [Request(i, text, np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64),
-                                 workload.max_new_tokens, workload.seed) for i, text in enumerate(prompts)]
-        check_prompts(self.requests, recipe.specialization.ctx_len)
-        self.session = self.engine.open_session(program)
-        self.sampling = Sampling(workload.temperature, workload.top_k, workload.top_p)
-        spec, info = recipe.specialization, self.info
-        self.config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
-                                 recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
-                                 self.sampling, workload.ignore_eos)
+        prepared = self.engine.prepare_generation(program, self.info)
+        self.tokenizer, self.requests, self.session = prepared.tokenizer, prepared.requests, prepared.session
+        self.sampling, self.config = prepared.sampling, prepared.config
         self.nospec_config = dataclasses.replace(self.config, k_list=[0])
 
     def close(self) -> None:
         """Close every session the engine opened."""
-        for session in self.engine._sessions:
-            try:
-                session.close()
-            except Exception:
-                pass
-        self.engine._sessions.clear()
+        self.engine.close_sessions()
 
     def warm_up(self) -> None:
         """An untimed greedy no-spec pass: warms the session and records the reference tokens."""
@@ -242,10 +223,10 @@ class BatchBench:
         policy_name, with_proposer = mode_setup(mode, recipe)
         own = recipe.k_policy.with_ if policy_name == recipe.k_policy.uses else None
         policy = make_k_policy(self.pm, policy_name, own)
-        acceptor = self.pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
+        acceptor = self.engine.make_acceptor()
         proposer, name = None, ""
         if with_proposer and recipe.proposer is not None:
-            proposer, name = self.engine._make_proposer(self.info, self.sampling, self.baseline), recipe.proposer.uses
+            proposer, name = self.engine.make_proposer(self.info, self.sampling, self.baseline), recipe.proposer.uses
         config = self.config if proposer is not None else self.nospec_config
         generator = Generator(self.pm, self.session, config, proposer=proposer, proposer_name=name,
                               policy=policy, acceptor=acceptor, trace=records.append)
@@ -459,8 +440,3 @@ def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:
         options.json_path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(options.json_path, rows)
     return rows
-
-
-def rows_to_json(rows: list[dict]) -> str:
-    """The rows as indented JSON text."""
-    return json.dumps(rows, indent=2, default=str)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from spdflow.cli import EXIT_CODES
+from spdflow.errors import EXIT_CODES
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,18 @@ from pathlib import Path
 import click
 
 from spdflow import __version__
-from spdflow.errors import SpdflowError
+from spdflow.errors import RunInterrupted, RunTerminated, SpdflowError
 
-EXIT_CODES = {0: "ok", 1: "run failed or lint findings", 2: "usage error", 3: "invalid recipe",
-              4: "plugin fault", 5: "lossless check failed (greedy output differs from no-spec)",
-              130: "interrupted (Ctrl-C, SIGINT)", 143: "terminated (SIGTERM)"}
+#: where the group's --verbose flag is kept for the commands and the error handler (click context meta)
+VERBOSE_KEY = "spdflow.verbose"
 
 
-def _verbose() -> bool:
-    return os.environ.get("SPDFLOW_DEBUG") == "1" or "--verbose" in sys.argv or "-v" in hoist_verbose(sys.argv[1:])[:1]
+def verbose_requested() -> bool:
+    """--verbose given (anywhere on the line) or SPDFLOW_DEBUG=1 in the environment; read, never set."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.find_root().meta.get(VERBOSE_KEY):
+        return True
+    return os.environ.get("SPDFLOW_DEBUG") == "1"
 
 
 def report_error(exc: SpdflowError) -> None:
@@ -34,7 +37,7 @@ def report_error(exc: SpdflowError) -> None:
     click.echo(f"Error: {exc.message}", err=True)
     if exc.hint:
         click.echo(f"Hint: {exc.hint}", err=True)
-    if _verbose():
+    if verbose_requested():
         click.echo("".join(traceback.format_exception(exc)), err=True)
     elif exc.__cause__ is not None and not isinstance(exc.__cause__, SpdflowError):
         click.echo("(re-run with --verbose for the traceback)", err=True)
@@ -76,7 +79,7 @@ class SpdflowGroup(click.Group):
             from spdflow.engine.signals import Terminated
 
             click.echo("Terminated." if isinstance(exc, Terminated) else "Interrupted.", err=True)
-            ctx.exit(143 if isinstance(exc, Terminated) else 130)
+            ctx.exit(RunTerminated.exit_code if isinstance(exc, Terminated) else RunInterrupted.exit_code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: still one sentence, the traceback only with --verbose
@@ -112,8 +115,7 @@ def cli(verbose: bool) -> None:
     Exit codes: 0 ok, 1 run failure or lint findings, 2 usage, 3 invalid recipe,
     4 plugin fault, 5 lossless check failed, 130 interrupted, 143 terminated.
     """
-    if verbose:
-        os.environ["SPDFLOW_DEBUG"] = "1"
+    click.get_current_context().meta[VERBOSE_KEY] = verbose
 
 
 def _pm():
@@ -162,7 +164,7 @@ def run(recipe, overrides, force, from_stage, dry_run, compile_only, check_lossl
     pm = _pm()
     loaded = load_recipe(recipe, pm, list(overrides))
     loaded.allow_outside_paths = allow_outside_paths
-    options = RunOptions(force=force, from_stage=from_stage, dry_run=dry_run, compile_only=compile_only,
+    options = RunOptions(force=force, from_stage=from_stage, compile_only=compile_only,
                          check_lossless=check_lossless, baseline=baseline, verify=verify, report_path=report_path,
                          cache_dir=cache_dir)
     if dry_run:

@@ -6,6 +6,11 @@ Exit codes (documented in README.md, tested in tests/test_cli.py):
 """
 from __future__ import annotations
 
+#: every exit code the ``spdflow`` command uses, and what it means (README and catalog print these)
+EXIT_CODES = {0: "ok", 1: "run failed or lint findings", 2: "usage error", 3: "invalid recipe",
+              4: "plugin fault", 5: "lossless check failed (greedy output differs from no-spec)",
+              130: "interrupted (Ctrl-C, SIGINT)", 143: "terminated (SIGTERM)"}
+
 
 class SpdflowError(Exception):
     """Base of every error spdflow reports to a user as one sentence."""

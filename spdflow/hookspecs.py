@@ -36,9 +36,10 @@ if TYPE_CHECKING:  # pragma: no cover
         Proposer,
         Sampling,
         Session,
+        RunState,
         Specialization,
+        StageResult,
     )
-    from spdflow.engine.run import RunState, StageResult
     from spdflow.recipe.schema import Recipe
 
 hookspec = pluggy.HookspecMarker("spdflow")

@@ -95,7 +95,6 @@ def _read_jsonl(path: Path) -> list[dict]:
 def _model_info(run_dir: Path, report: dict) -> ModelInfo:
     """The target's ModelInfo from the run's verified export (the report names its key)."""
     from spdflow.engine import cache
-    from spdflow.engine.run import _model_info
 
     export = next((s for s in report.get("stages", []) if s.get("name") == "export"), {})
     key = export.get("cache_key")
@@ -105,7 +104,7 @@ def _model_info(run_dir: Path, report: dict) -> ModelInfo:
     for directory in candidates:
         marker, _ = cache.read_done(directory)
         if marker is not None and "model_info" in marker:
-            return _model_info(marker["model_info"])
+            return ModelInfo.from_json(marker["model_info"])
     raise RunDataError(f"'{run_dir}' has no verified target export (export/target-{key or '*'})",
                        hint="rerun the recipe; whatif reads the model's facts from its export")
 
@@ -414,7 +413,7 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     proposer, name = None, ""
     if with_proposer:
         reference = dict(run.outputs)
-        proposer, name = engine._make_proposer(info, sampling, reference), recipe.proposer.uses
+        proposer, name = engine.make_proposer(info, sampling, reference), recipe.proposer.uses
     records: list[dict] = []
     generator = Generator(pm, session, config, proposer=proposer, proposer_name=name, policy=policy,
                           acceptor=acceptor, trace=records.append, clock=clock)
@@ -423,8 +422,7 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     finally:
         if proposer is not None:
             proposer.close()
-        for opened in engine._sessions:
-            opened.close()
+        engine.close_sessions()
     identical = all(np.array_equal(r.tokens, run.outputs[r.index]) for r in results)
     exact, notes = fidelity(run, scenario.policy, pm) if with_proposer else (run.recipe.workload.temperature == 0, [])
     if clock.priced_only:
@@ -528,8 +526,7 @@ def measure_on_backend(pm, run: RunData):
             entry = measure_grid(pm, session, spec.full_batch_size or spec.batch_size, ks, info.pad_token_id,
                                  spec.prefill_seq_len, spec.full_batch_size is not None, gap_s=gap_s)
         finally:
-            for opened in engine._sessions:
-                opened.close()
+            engine.close_sessions()
         grid = read_grid(run.run_dir)
         grid[batch] = merge_entry(grid.get(batch), entry)
         write_grid(run.run_dir, grid, run.recipe.devices.backend)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -204,13 +205,16 @@ def test_effective_recipe_hash_changes_under_set(runner, tmp_path, monkeypatch):
 def test_verbose_is_accepted_anywhere_on_the_command_line(runner, write_recipe, monkeypatch):
     from spdflow.cli import hoist_verbose
 
-    monkeypatch.setenv("SPDFLOW_DEBUG", "0")  # --verbose sets it to 1; monkeypatch removes it after the test
+    monkeypatch.setenv("SPDFLOW_DEBUG", "0")  # only --verbose asks for the traceback
 
     assert hoist_verbose(["run", "r.yaml", "-v"]) == ["-v", "run", "r.yaml"]
     assert hoist_verbose(["lint", "--set", "-v", "x", "--", "-v"]) == ["lint", "--set", "-v", "x", "--", "-v"]
     path = write_recipe(MINIMAL.replace("spdflow:tinycode-target", "./nowhere"))
     result = runner.invoke(cli, ["run", str(path), "--verbose"])
     assert result.exit_code == 1 and "Traceback" in result.stderr
+    assert os.environ["SPDFLOW_DEBUG"] == "0"  # the flag lives in click's context, not the environment
+    result = runner.invoke(cli, ["run", str(path)])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
 
 
 def test_set_errors_name_the_override_not_a_made_up_line(runner, write_recipe):

@@ -202,7 +202,7 @@ def test_traceback_only_with_verbose(home, monkeypatch):
     monkeypatch.setattr(OrtSession, "run", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
     path = home / "recipe.yaml"
     path.write_text(recipe_text())
-    monkeypatch.setenv("SPDFLOW_DEBUG", "0")  # --verbose sets it to 1; restored after the test
+    monkeypatch.setenv("SPDFLOW_DEBUG", "0")  # only --verbose asks for the traceback
     result = CliRunner().invoke(cli, ["--verbose", "run", "-q", str(path)])
     assert result.exit_code == 1 and "Traceback" in result.stderr
 

@@ -405,7 +405,7 @@ def export_model(request: ExportRequest) -> ExportResult:
     shutil.rmtree(raw_dir)
     info = model_info(model, request)
     (work / "model_info.json").write_text(
-        json.dumps(_info_json(info), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        json.dumps(info.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
     request.progress(f"exported {onnx_path.name}")
     return ExportResult(
@@ -423,11 +423,3 @@ def _projections(model, model_dir: Path) -> nn.ModuleList:
         raise StageError(f"export: {exc}; the proposer asked for multi-projection logits",
                          hint="train heads with tools/train_heads.py or pick another proposer") from exc
     return heads.to(next(model.parameters()).dtype)
-
-
-def _info_json(info: ModelInfo) -> dict:
-    data = {k: getattr(info, k) for k in info.__dataclass_fields__}
-    data["eos_token_ids"] = list(info.eos_token_ids)
-    data["source_dir"] = str(info.source_dir)
-    data["tokenizer_file"] = str(info.tokenizer_file) if info.tokenizer_file else None
-    return data

@@ -6,12 +6,8 @@ Stages: export -> specialize -> compile -> generate -> report. Each stage record
 from __future__ import annotations
 
 import json
-import resource
-import sys
 import time
-import uuid
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,8 +22,11 @@ from spdflow.api import (
     ModelInfo,
     ProposerContext,
     Request,
+    RunState,
     Sampling,
     Specialization,
+    StageResult,
+    STAGES,
     auxiliary_models,
 )
 from spdflow.engine import cache
@@ -37,33 +36,30 @@ from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, required_
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
 
-STAGES = ("export", "specialize", "compile", "generate", "report")
-
-
 @dataclass
 class RunOptions:
     force: bool = False
     from_stage: str | None = None
-    dry_run: bool = False
     compile_only: bool = False
     check_lossless: bool = False
     verify: bool = False  # hash every cached file in full before reusing it
     baseline: bool = False  # run no-spec first in the same process and report the speed-up
     report_path: Path | None = None
-    proposer_off: bool = False
     #: where exports (and the compiled programs beside them) are kept; None keeps them in the
     #: run directory. Runs that share a cache dir reuse each other's artifacts (a sweep).
     cache_dir: Path | None = None
 
 
 @dataclass
-class StageResult:
-    name: str
-    status: str = "not_run"
-    reason: str = ""
-    duration_s: float = 0.0
-    cache_key: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+class PreparedGeneration:
+    """What a generation run needs, set up once by :meth:`Engine.prepare_generation`."""
+
+    info: ModelInfo
+    tokenizer: Any
+    requests: list[Request]
+    session: Any
+    sampling: Sampling
+    config: Any  # spdflow.engine.generate.LoopConfig (imported lazily: the loop pulls numpy work)
 
 
 @dataclass
@@ -74,25 +70,6 @@ class ProgramPlan:
     model: ModelSpec
     k_list: list[int]
     devices: DevicesSpec
-
-
-@dataclass
-class RunState:
-    """The mutable state of one run, passed to lifecycle hooks."""
-
-    recipe: Recipe
-    run_dir: Path
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    stages: dict[str, StageResult] = field(default_factory=lambda: {n: StageResult(n) for n in STAGES})
-    status: str = "running"
-    error: dict[str, str] | None = None
-    artifacts: list[dict[str, Any]] = field(default_factory=list)
-    records: list[dict] = field(default_factory=list)
-    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    t0: float = field(default_factory=time.perf_counter)
-    lossless: dict[str, Any] | None = None
-    baseline: dict[str, Any] | None = None  # the no-spec baseline's metrics, when it ran in this process
-    outputs: list[dict] = field(default_factory=list)
 
 
 class NullUI:
@@ -260,7 +237,7 @@ class Engine:
         if not should_force("export", self.options):
             marker, why = cache.read_done(target, verify=self.options.verify)
             if marker is not None:
-                return target / marker["onnx"], _model_info(marker["model_info"]), key, True, f"key {key[:8]}…"
+                return target / marker["onnx"], ModelInfo.from_json(marker["model_info"]), key, True, f"key {key[:8]}…"
             if target.exists():
                 self.ui.warn(f"export of {role} model in '{target}' is not trusted ({why}); rebuilding")
         with atomic_dir(target) as work:
@@ -270,8 +247,8 @@ class Engine:
             if result is None:
                 raise PluginError("no plugin implements spdflow_export", hint="reinstall spdflow (the 'onnx' plugin)")
             info = result.model_info
-            cache.write_done(work, {"onnx": result.onnx_path.name, "key": key, "model_info": _model_info_json(info)})
-        info = _model_info(_model_info_json(info))
+            cache.write_done(work, {"onnx": result.onnx_path.name, "key": key, "model_info": info.to_json()})
+        info = ModelInfo.from_json(info.to_json())
         return target / result.onnx_path.name, info, key, False, "no cached export with this key"
 
     # -- compile --------------------------------------------------------------------------
@@ -358,7 +335,7 @@ class Engine:
         export_dir = self.export_root() / f"{plan.role}-{key[:16]}"
         marker, _ = cache.read_done(export_dir)
         if marker is not None:
-            onnx, info = export_dir / marker["onnx"], _model_info(marker["model_info"])
+            onnx, info = export_dir / marker["onnx"], ModelInfo.from_json(marker["model_info"])
         else:
             onnx, info = export_dir / "model.onnx", _planned_model_info(plan.model.id, model_dir)
         request = CompileRequest(
@@ -380,7 +357,7 @@ class Engine:
     def auxiliary_models(self) -> list[AuxiliaryModel]:
         """The models the recipe's proposer declares, when a proposer will run."""
         recipe = self.recipe
-        if recipe.proposer is None or self.options.proposer_off:
+        if recipe.proposer is None:
             return []
         policy = make_k_policy(self.pm, recipe.k_policy.uses, recipe.k_policy.with_)
         if not speculates(policy, recipe.k_list()):
@@ -429,33 +406,55 @@ class Engine:
 
     # -- generate -------------------------------------------------------------------------
 
-    def generate(self, program: CompiledProgram, info: ModelInfo) -> None:
-        from spdflow.engine.generate import Generator, LoopConfig, check_prompts
+    def prepare_generation(self, program: CompiledProgram, info: ModelInfo) -> "PreparedGeneration":
+        """Tokenize the workload, check every prompt fits, open the target session and build the
+        loop's configuration: the setup ``spdflow run`` and ``spdflow bench`` share."""
+        from spdflow.engine.generate import LoopConfig, check_prompts
         from spdflow.workload import load_prompts
+
+        recipe, workload, spec = self.recipe, self.recipe.workload, self.recipe.specialization
+        tokenizer = load_tokenizer(info)
+        prompts = load_prompts(workload, self.loaded.base_dir, self.pm, allow_outside=self.loaded.allow_outside_paths)
+        requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
+                            workload.max_new_tokens, workload.seed) for i, text in enumerate(prompts)]
+        check_prompts(requests, spec.ctx_len)
+        session = self.open_session(program, "target")
+        sampling = Sampling(workload.temperature, workload.top_k, workload.top_p)
+        config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
+                            recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
+                            sampling, workload.ignore_eos)
+        return PreparedGeneration(info, tokenizer, requests, session, sampling, config)
+
+    def make_acceptor(self):
+        """A fresh acceptor of the recipe's acceptance rule."""
+        return self.pm.lookup("acceptor", self.recipe.resolved_acceptance()).factory()
+
+    def close_sessions(self) -> None:
+        """Close every session this engine opened (errors while closing are ignored)."""
+        for session in self._sessions:
+            try:
+                session.close()
+            except Exception:
+                pass
+        self._sessions.clear()
+
+    def generate(self, program: CompiledProgram, info: ModelInfo) -> None:
+        from spdflow.engine.generate import Generator
 
         recipe = self.recipe
         stage, start = self._begin("generate")
         try:
-            tokenizer = load_tokenizer(info)
-            prompts = load_prompts(recipe.workload, self.loaded.base_dir, self.pm,
-                                   allow_outside=self.loaded.allow_outside_paths)
-            requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
-                                recipe.workload.max_new_tokens, recipe.workload.seed) for i, text in enumerate(prompts)]
-            check_prompts(requests, recipe.specialization.ctx_len)
-            session = self.open_session(program, "target")
-            sampling = Sampling(recipe.workload.temperature, recipe.workload.top_k, recipe.workload.top_p)
-            spec = recipe.specialization
-            config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
-                                recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
-                                sampling, recipe.workload.ignore_eos)
-            acceptor = self.pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
+            prepared = self.prepare_generation(program, info)
+            tokenizer, requests, session = prepared.tokenizer, prepared.requests, prepared.session
+            sampling, config = prepared.sampling, prepared.config
+            acceptor = self.make_acceptor()
             policy = make_k_policy(self.pm, recipe.k_policy.uses, recipe.k_policy.with_)
             baseline: dict[int, np.ndarray] = {}
             proposer, proposer_name, proposer_plugin = None, "", ""
-            if recipe.proposer is not None and not self.options.proposer_off and speculates(policy, recipe.k_list()):
+            if recipe.proposer is not None and speculates(policy, recipe.k_list()):
                 proposer_name = recipe.proposer.uses
                 proposer_plugin = self._plugin_label(self.pm.lookup("proposer", proposer_name).plugin)
-                proposer = self._make_proposer(info, sampling, baseline)
+                proposer = self.make_proposer(info, sampling, baseline)
             need_baseline = (self.options.check_lossless or self.options.baseline
                              or getattr(proposer, "needs_reference_output", False))
             if need_baseline and proposer is not None:
@@ -509,7 +508,9 @@ class Engine:
                             hint="speculation changed the output: a plugin (proposer, acceptor, K policy) or the "
                                  "backend is at fault; rerun with --verify to rule out a damaged cache")
 
-    def _make_proposer(self, info: ModelInfo, sampling: Sampling, baseline: dict):
+    def make_proposer(self, info: ModelInfo, sampling: Sampling, baseline: dict):
+        """The recipe's proposer; ``baseline`` holds the no-spec tokens per request, for proposers
+        that read the reference output."""
         from spdflow.engine.generate import read_only_copy
 
         recipe = self.recipe
@@ -643,12 +644,7 @@ class Engine:
             self._interrupted(error)
 
     def _finish(self) -> None:
-        for session in self._sessions:
-            try:
-                session.close()
-            except Exception:
-                pass
-        self._sessions.clear()
+        self.close_sessions()
         with self.signals.deferred():
             self._write_report()
 
@@ -707,19 +703,6 @@ def baseline_summary(records: list[dict]) -> dict[str, Any]:
             "step_costs": [c.model_dump() for c in m.step_costs]}
 
 
-def _model_info_json(info: ModelInfo) -> dict:
-    return {"name": info.name, "model_type": info.model_type, "vocab_size": info.vocab_size, "num_layers": info.num_layers,
-            "num_kv_heads": info.num_kv_heads, "head_dim": info.head_dim, "eos_token_ids": list(info.eos_token_ids),
-            "pad_token_id": info.pad_token_id, "source_dir": str(info.source_dir),
-            "tokenizer_file": str(info.tokenizer_file) if info.tokenizer_file else None}
-
-
-def _model_info(data: dict) -> ModelInfo:
-    return ModelInfo(data["name"], data["model_type"], data["vocab_size"], data["num_layers"], data["num_kv_heads"],
-                     data["head_dim"], tuple(data["eos_token_ids"]), data["pad_token_id"], Path(data["source_dir"]),
-                     Path(data["tokenizer_file"]) if data["tokenizer_file"] else None)
-
-
 def _planned_model_info(model_id: str, model_dir: Path) -> ModelInfo:
     """What is known of a model before its export: the layer count from its config.json."""
     try:
@@ -755,8 +738,3 @@ def _one_line(exc: BaseException) -> str:
         return exc.message
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def peak_rss_mb() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(usage / 1024 if sys.platform != "darwin" else usage / (1024 * 1024), 1)

@@ -15,8 +15,10 @@ import signal
 import threading
 from typing import Iterator
 
+from spdflow.errors import RunInterrupted, RunTerminated
+
 #: exit status by signal: 128 + the signal number, as shells report it
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES = {signal.SIGINT: RunInterrupted.exit_code, signal.SIGTERM: RunTerminated.exit_code}
 DESCRIPTIONS = {signal.SIGINT: "interrupted by the user (Ctrl-C, SIGINT)", signal.SIGTERM: "terminated (SIGTERM)"}
 
 _state = {"received": None, "deferring": 0}

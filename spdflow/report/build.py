@@ -5,7 +5,6 @@ import time
 from pathlib import Path
 
 from spdflow import __version__
-from spdflow.engine.run import peak_rss_mb
 from spdflow.files import canonical_json, sha256_file, sha256_text, write_jsonl_atomic, write_text_atomic
 from spdflow.report.metrics import compute_metrics, trace_header
 from spdflow.report.model import (
@@ -19,6 +18,7 @@ from spdflow.report.model import (
     TimedCosts,
     collect_environment,
     make_artifact,
+    peak_rss_mb,
 )
 from spdflow.report.render import write_report_files
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import resource
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spdflow.files import sha256_file
 from spdflow.errors import SpdflowError
+from spdflow.files import sha256_file
 from spdflow.report.metrics import Metrics, StepCost
 
 REPORT_VERSION = 1
@@ -178,6 +180,12 @@ def collect_environment(packages: tuple[str, ...] = ENVIRONMENT_PACKAGES) -> Env
         cpu_count=os.cpu_count(),
         packages={name: package_version(name) for name in packages},
     )
+
+
+def peak_rss_mb() -> float:
+    """The process's high-water resident set (MiB)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(usage / 1024 if sys.platform != "darwin" else usage / (1024 * 1024), 1)
 
 
 def make_artifact(run_dir: Path, path: Path, name: str | None = None, *, hash_file: bool = True) -> Artifact:

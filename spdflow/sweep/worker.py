@@ -41,9 +41,13 @@ def launch(payload: dict) -> subprocess.Popen:
     (Path(payload["dir"]) / "report.json").unlink(missing_ok=True)
     log = open(Path(payload["dir"]) / LOG_FILE, "w", encoding="utf-8")
     cwd = payload.get("cwd")
+    from spdflow.cli import verbose_requested
+
+    # `spdflow -v sweep`: each point's run.log gets its traceback too
+    env = dict(os.environ, SPDFLOW_DEBUG="1") if verbose_requested() else None
     try:
         return subprocess.Popen([sys.executable, "-m", "spdflow.sweep.worker", str(point_file)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=cwd if cwd and os.path.isdir(cwd) else None, preexec_fn=_die_with_parent,
                                 # its own process group: a terminal's Ctrl-C reaches only the sweep,
                                 # which passes exactly one SIGINT on (a second would cut the report)

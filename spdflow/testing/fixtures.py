@@ -90,9 +90,7 @@ class TinyProgram:
         return self._engine.open_session(self.program)
 
     def close(self) -> None:
-        for session in self._engine._sessions:
-            session.close()
-        self._engine._sessions.clear()
+        self._engine.close_sessions()
 
 
 def build_tiny_program(model_dir: Path, work_dir: Path, k_list: Iterable[int] = (0, 4)) -> TinyProgram:
