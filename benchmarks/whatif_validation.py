@@ -63,12 +63,13 @@ def main() -> None:
             overrides = [f"num_speculative_tokens={list(ks)}", f"k_policy={policy}", f"output={work / 'bench'}"]
             group = load_recipe(args.recipe, pm, overrides)
             before = load()
-            bench_rows = bench_recipe(pm, group, BenchOptions(batch_sizes=list(batches), repeats=args.repeats))
+            bench_rows = bench_recipe(pm, group, BenchOptions(batch_sizes=list(batches), repeats=args.repeats,
+                                                              modes=["nospec", "fixed", "varK"]))
             bench_load = (before, load())
             cost = make_cost_model(pm, run, "measured", {"remeasure": True})
             for batch in batches:
                 modes = {"nospec": Scenario((0,), "nospec", batch), "fixed": Scenario(ks, "fixed", batch),
-                         "varK": Scenario(ks, policy, batch)}
+                         f"varK:{policy}": Scenario(ks, policy, batch)}
                 for row in bench_rows:
                     if row["batch_size"] != batch or row["mode"] not in modes:
                         continue

@@ -5,7 +5,14 @@ its shape) and one session is opened; the modes differ only in proposer and K po
 
 * ``nospec`` — no proposer, K = 0 every step;
 * ``fixed``  — the recipe's proposer, always the largest K (a fixed-K SpD system);
-* ``varK``   — the recipe's proposer and K policy over its K-list.
+* ``varK``   — the recipe's proposer and K policy over its K-list;
+* a K policy's name (``smallest_covering``, ``goodput``, any registered one) — the recipe's
+  proposer with that policy over the K-list.
+
+The K-list rows are named by policy (``varK:goodput``); by default the recipe's policy runs
+beside ``smallest_covering``, the simplest policy, so every table shows what a policy's extra
+machinery buys over it. ``al``, ``acceptance_rate`` and the K histogram are medians over the
+repeats, like the timed figures.
 
 A first, untimed no-spec pass warms the session up and gives the greedy reference every mode is
 compared with (and that the ``synthetic`` proposer draws from). Then the repeats run with the
@@ -38,6 +45,11 @@ import numpy as np
 from spdflow.errors import StageError, UsageError
 
 MODES = ("nospec", "fixed", "varK")
+#: the K policy every bench runs beside the recipe's own (a mode list's default)
+REFERENCE_POLICY = "smallest_covering"
+DEFAULT_MODES = ("nospec", "fixed", "varK", REFERENCE_POLICY)
+#: a row's mode for the K-list with policy NAME
+VARK_PREFIX = "varK:"
 PEERS = ("hf", "ort-genai", "llama.cpp")
 
 #: Keys every JSON row has (``*_min``/``*_max`` accompany each timed metric).
@@ -53,7 +65,7 @@ class BenchOptions:
     """What ``spdflow bench`` runs: batch sizes, modes, peers, repeats, where the JSON goes."""
 
     batch_sizes: list[int] | None = None  # None: the recipe's own batch size
-    modes: list[str] = field(default_factory=lambda: list(MODES))
+    modes: list[str] = field(default_factory=lambda: list(DEFAULT_MODES))
     peers: list[str] = field(default_factory=list)
     repeats: int = 3
     json_path: Path | None = None
@@ -76,10 +88,9 @@ class ModeRun:
 
 
 def check_options(options: BenchOptions) -> None:
-    """Reject unknown modes/peers and nonsense counts with one sentence each."""
-    unknown = [m for m in options.modes if m not in MODES]
-    if unknown:
-        raise UsageError(f"unknown bench mode '{unknown[0]}'", hint=f"choose from {', '.join(MODES)}")
+    """Reject unknown peers and nonsense counts with one sentence each (modes: :func:`resolve_modes`)."""
+    if not options.modes:
+        raise UsageError("--modes names no mode", hint=f"e.g. --modes {','.join(DEFAULT_MODES)}")
     unknown = [p for p in options.peers if p not in PEERS]
     if unknown:
         raise UsageError(f"unknown peer '{unknown[0]}'", hint=f"choose from {', '.join(PEERS)}")
@@ -87,6 +98,27 @@ def check_options(options: BenchOptions) -> None:
         raise UsageError("--repeats must be at least 1")
     if options.batch_sizes is not None and any(b < 1 for b in options.batch_sizes):
         raise UsageError("batch sizes must be at least 1")
+
+
+def resolve_modes(modes: Sequence[str], recipe, policies: Sequence[str]) -> list[str]:
+    """The row modes to run, in order, each once: ``nospec``, ``fixed``, or ``varK:<policy>``
+    (``varK`` is the recipe's policy; any other name must be a registered K policy)."""
+    resolved: list[str] = []
+    for mode in modes:
+        if mode in ("nospec", "fixed"):
+            name = mode
+        elif mode == "varK":
+            name = VARK_PREFIX + recipe.k_policy.uses
+        elif mode.startswith(VARK_PREFIX) and mode[len(VARK_PREFIX):] in policies:
+            name = mode
+        elif mode in policies:
+            name = VARK_PREFIX + mode
+        else:
+            raise UsageError(f"unknown bench mode '{mode}'",
+                             hint=f"choose from {', '.join(MODES)} or a K policy: {', '.join(sorted(policies))}")
+        if name not in resolved:
+            resolved.append(name)
+    return resolved
 
 
 def run_order(modes: Sequence[str], repeats: int) -> list[tuple[int, str]]:
@@ -116,11 +148,13 @@ def batch_recipe(recipe, batch_size: int):
 
 
 def mode_setup(mode: str, recipe) -> tuple[str, bool]:
-    """(K policy name, whether the recipe's proposer runs) of a mode."""
+    """(K policy name, whether the recipe's proposer runs) of a resolved mode."""
     if mode == "nospec":
         return "nospec", False
     if mode == "fixed":
         return "fixed", True
+    if mode.startswith(VARK_PREFIX):
+        return mode[len(VARK_PREFIX):], True
     return recipe.k_policy.uses, True
 
 
@@ -275,14 +309,28 @@ def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> li
         for key in TIMED:
             med, lo, hi = _stats([v[key] for v in values])
             row[key], row[f"{key}_min"], row[f"{key}_max"] = med, lo, hi
-        m = mine[0].metrics
-        row["al"] = m.mean_acceptance_length
-        row["acceptance_rate"] = m.draft_acceptance_rate
-        row["k_histogram"] = {str(k): v for k, v in m.k_histogram.items()}
-        row["generated_tokens"] = m.generated_tokens
+        metrics = [r.metrics for r in mine]
+        row["policy"] = mode_policy(mode)
+        row["al"] = _stats([m.mean_acceptance_length for m in metrics])[0]
+        row["acceptance_rate"] = _stats([m.draft_acceptance_rate for m in metrics])[0]
+        row["k_histogram"] = median_histogram([m.k_histogram for m in metrics])
+        row["generated_tokens"] = _stats([m.generated_tokens for m in metrics])[0]
         row["identical_to_nospec"] = None if reference is None else all(r.tokens == reference for r in mine)
         rows.append(row)
     return rows
+
+
+def mode_policy(mode: str) -> str | None:
+    """The K policy a row's mode ran (None for peers)."""
+    if mode in ("nospec", "fixed"):
+        return mode
+    return mode[len(VARK_PREFIX):] if mode.startswith(VARK_PREFIX) else None
+
+
+def median_histogram(histograms: Sequence[dict]) -> dict[str, float]:
+    """Per K, the median over repeats of how many steps ran it (a repeat without K counts 0)."""
+    ks = sorted({int(k) for h in histograms for k in h})
+    return {str(k): statistics.median([h.get(k, h.get(str(k), 0)) for h in histograms]) for k in ks}
 
 
 def add_deltas(rows: list[dict]) -> list[dict]:
@@ -296,7 +344,7 @@ def add_deltas(rows: list[dict]) -> list[dict]:
         row["delta_vs_nospec"] = _delta(row.get("tokens_per_s"), base and base.get("tokens_per_s"))
         fixed = by.get((row["batch_size"], "fixed"))
         row["varK_vs_fixed"] = _delta(row.get("tokens_per_s"), fixed and fixed.get("tokens_per_s")) \
-            if row["mode"] == "varK" else None
+            if row["mode"].startswith(VARK_PREFIX) else None
     return rows
 
 
@@ -367,9 +415,11 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:
-    """By batch size, then nospec, fixed, varK, then peers."""
-    order = {m: i for i, m in enumerate(MODES)}
-    return sorted(rows, key=lambda r: (r["batch_size"], order.get(r["mode"], len(order)), r["mode"]))
+    """By batch size, then nospec, fixed, the varK rows (by policy), then peers."""
+    def rank(mode: str) -> int:
+        return {"nospec": 0, "fixed": 1}.get(mode, 2 if mode.startswith(VARK_PREFIX) else 3)
+
+    return sorted(rows, key=lambda r: (r["batch_size"], rank(r["mode"]), r["mode"]))
 
 
 # ------------------------------------------------------------------------------ the bench
@@ -381,6 +431,7 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
     spdflow's in the same rotated order (each peer family a child process kept alive)."""
     from spdflow.peers import peer_rows, start_peers
 
+    modes = resolve_modes(options.modes, loaded.recipe, policy_names(pm))
     bench = BatchBench(pm, loaded, batch_size, ui)
     peers: list = []
     try:
@@ -394,7 +445,7 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
                                 options.repeats, peer_work_dir(bench.recipe), progress)
         peer_of = {mode: peer for peer in peers for mode in peer.modes}
         runs, peer_runs = [], []
-        for repeat, mode in run_order(list(options.modes) + list(peer_of), options.repeats):
+        for repeat, mode in run_order(modes + list(peer_of), options.repeats):
             if mode in peer_of:
                 result = peer_of[mode].run(mode)
                 peer_runs.append(result)
@@ -418,6 +469,11 @@ def peer_work_dir(recipe) -> Path:
     return recipe.output_dir() / "peers"
 
 
+def policy_names(pm) -> list[str]:
+    """The registered K policies (and their aliases)."""
+    return list(pm.registry()["k_policy"])
+
+
 def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:
     """Run the bench; returns the rows (also written to ``options.json_path`` when set)."""
     from spdflow.engine.run import NullUI
@@ -425,6 +481,7 @@ def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:
     check_options(options)
     ui = ui or NullUI()
     recipe = loaded.recipe
+    resolve_modes(options.modes, recipe, policy_names(pm))  # an unknown mode fails before any work
     needs_proposer = [m for m in options.modes if m != "nospec"]
     if needs_proposer and recipe.proposer is None:
         raise UsageError(f"mode '{needs_proposer[0]}' needs a proposer but the recipe has none",

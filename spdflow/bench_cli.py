@@ -25,8 +25,9 @@ def parse_list(text: str | None, what: str, cast=str) -> list | None:
 @click.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8 (default: the recipe's).")
-@click.option("--modes", default="nospec,fixed,varK", show_default=True,
-              help="Comma-separated modes: nospec, fixed (largest K), varK (the recipe's K policy).")
+@click.option("--modes", default="nospec,fixed,varK,smallest_covering", show_default=True,
+              help="Comma-separated modes: nospec, fixed (largest K), varK (the recipe's K policy), or any "
+                   "K policy's name (smallest_covering, goodput, ...); K-list rows are named varK:<policy>.")
 @click.option("--peers", default="", help="Comma-separated peers to run too, interleaved with the modes, each in its own child process: "
               "hf (transformers), ort-genai (onnxruntime-genai), llama.cpp (llama-cpp-python); one not installed "
               "is skipped with a line.")
@@ -38,10 +39,10 @@ def parse_list(text: str | None, what: str, cast=str) -> list | None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--allow-outside-paths", is_flag=True, help="Let the recipe read files outside its own folder.")
 def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overrides, quiet, allow_outside_paths):
-    """Benchmark RECIPE: no-spec vs fixed-K vs varK (and peers) on one workload, side by side.
+    """Benchmark RECIPE: no-spec vs fixed-K vs each K policy (and peers) on one workload, side by side.
 
     Compiles once per batch size (the K-list plus 0) and reuses one session across modes;
-    modes and repeats are interleaved; numbers are medians over repeats.
+    modes and repeats are interleaved; every figure (AL and K histogram too) is a median over repeats.
     """
     from rich.console import Console
 

@@ -64,7 +64,10 @@ def tiny_rows(tiny_recipe):
 
 def test_bench_rows_have_the_documented_keys(tiny_rows):
     rows, _ = tiny_rows
-    assert {(r["batch_size"], r["mode"]) for r in rows} == {(b, m) for b in (1, 2) for m in ("nospec", "fixed", "varK")}
+    # the recipe's policy is smallest_covering (the default), so varK and smallest_covering are one row
+    assert {(r["batch_size"], r["mode"]) for r in rows} == {
+        (b, m) for b in (1, 2) for m in ("nospec", "fixed", "varK:smallest_covering")}
+    assert {r["policy"] for r in rows} == {"nospec", "fixed", "smallest_covering"}
     for row in rows:
         assert set(bench.ROW_KEYS) <= set(row)
         for key in ("requests_per_s", "tokens_per_s", "tpot_ms", "peak_rss_mb"):
@@ -80,7 +83,8 @@ def test_bench_greedy_modes_are_identical_to_nospec(tiny_rows):
 def test_bench_interleaves_modes_across_repeats(tiny_rows):
     _, order = tiny_rows
     at_one = [(r, m) for b, r, m in order if b == 1]
-    assert at_one == [(0, "nospec"), (0, "fixed"), (0, "varK"), (1, "fixed"), (1, "varK"), (1, "nospec")]
+    varK = "varK:smallest_covering"
+    assert at_one == [(0, "nospec"), (0, "fixed"), (0, varK), (1, "fixed"), (1, varK), (1, "nospec")]
 
 
 def test_run_order_rotates_the_first_mode():
@@ -93,8 +97,8 @@ def test_run_order_rotates_the_first_mode():
 def test_deltas_are_ratios_against_nospec_and_fixed():
     rows = [{"batch_size": 1, "mode": "nospec", "tokens_per_s": 100.0},
             {"batch_size": 1, "mode": "fixed", "tokens_per_s": 150.0},
-            {"batch_size": 1, "mode": "varK", "tokens_per_s": 180.0},
-            {"batch_size": 2, "mode": "varK", "tokens_per_s": 50.0}]
+            {"batch_size": 1, "mode": "varK:goodput", "tokens_per_s": 180.0},
+            {"batch_size": 2, "mode": "varK:goodput", "tokens_per_s": 50.0}]
     add_deltas(rows)
     assert rows[0]["delta_vs_nospec"] == pytest.approx(0.0)
     assert rows[1]["delta_vs_nospec"] == pytest.approx(0.5)
@@ -106,7 +110,7 @@ def test_deltas_are_ratios_against_nospec_and_fixed():
 
 def test_table_renders_deltas_as_signed_percentages():
     rows = add_deltas([{"batch_size": 1, "mode": "nospec", "tokens_per_s": 100.0},
-                       {"batch_size": 1, "mode": "varK", "tokens_per_s": 90.0, "identical_to_nospec": False}])
+                       {"batch_size": 1, "mode": "varK:goodput", "tokens_per_s": 90.0, "identical_to_nospec": False}])
     text = markdown_table(rows)
     assert "-10.0%" in text and "+0.0%" in text and "NO" in text
 
@@ -122,22 +126,64 @@ def _run(mode, batch, repeat, tps, tokens):
 
 
 def test_summarize_takes_median_min_max_and_checks_identity():
-    runs = [_run("varK", 1, r, tps, [1, 2]) for r, tps in enumerate((10.0, 30.0, 20.0))]
+    runs = [_run("varK:goodput", 1, r, tps, [1, 2]) for r, tps in enumerate((10.0, 30.0, 20.0))]
     runs.append(_run("fixed", 1, 0, 5.0, [1, 3]))
     rows = {r["mode"]: r for r in summarize(runs, {0: [1, 2]})}
-    assert rows["varK"]["tokens_per_s"] == pytest.approx(20.0)
-    assert (rows["varK"]["tokens_per_s_min"], rows["varK"]["tokens_per_s_max"]) == pytest.approx((10.0, 30.0))
-    assert rows["varK"]["identical_to_nospec"] is True
+    assert rows["varK:goodput"]["tokens_per_s"] == pytest.approx(20.0)
+    assert (rows["varK:goodput"]["tokens_per_s_min"], rows["varK:goodput"]["tokens_per_s_max"]) == pytest.approx((10.0, 30.0))
+    assert rows["varK:goodput"]["identical_to_nospec"] is True and rows["varK:goodput"]["policy"] == "goodput"
     assert rows["fixed"]["identical_to_nospec"] is False
+
+
+def _steps_run(mode, repeat, accepted_per_step, ks):
+    """A run whose decode steps accepted ``accepted_per_step`` proposals at the chosen ``ks``."""
+    from spdflow.bench import ModeRun
+    from spdflow.report.metrics import compute_metrics
+
+    records = [{"kind": "request", "request": 0, "prompt_tokens": 3, "generated_tokens": 10, "ttft_s": 0.0,
+                "finish_s": 1.0, "stop_reason": "max_new_tokens"}]
+    records += [{"kind": "step", "step": i, "t": 0.1 * i, "k": k, "batch": 1, "verify_s": 0.01, "propose_s": 0.0,
+                 "host_s": 0.0, "rows": [{"request": 0, "slot": 0, "position": 3 + i, "raw": k, "proposed": k,
+                                          "accepted": a, "emitted": a + 1}]}
+                for i, (a, k) in enumerate(zip(accepted_per_step, ks))]
+    return ModeRun(mode, 1, repeat, compute_metrics(records), {0: [1]}, 100.0, 1.0)
+
+
+def test_acceptance_length_rate_and_k_histogram_are_medians_over_repeats():
+    runs = [_steps_run("varK:goodput", 0, [0, 0], [2, 2]),      # AL 1.0, K=2 twice
+            _steps_run("varK:goodput", 1, [2, 2], [2, 4]),      # AL 3.0
+            _steps_run("varK:goodput", 2, [1, 1, 1], [4, 4, 4])]  # AL 2.0, K=4 three times
+    row = summarize(runs, None)[0]
+    assert [r.metrics.mean_acceptance_length for r in runs] == pytest.approx([1.0, 3.0, 2.0])
+    assert row["al"] == pytest.approx(2.0)  # the median, not the first repeat's 1.0
+    rates = sorted(r.metrics.draft_acceptance_rate for r in runs)
+    assert row["acceptance_rate"] == pytest.approx(rates[1])
+    assert row["k_histogram"] == {"2": 1, "4": 1}  # K=2: 2, 1, 0 -> 1; K=4: 0, 1, 3 -> 1
+
+
+def test_modes_resolve_to_policy_named_rows_and_unknown_names_fail():
+    from types import SimpleNamespace
+
+    from spdflow.bench import resolve_modes
+    from spdflow.errors import UsageError
+
+    recipe = SimpleNamespace(k_policy=SimpleNamespace(uses="goodput"))
+    policies = ["smallest_covering", "goodput", "fixed", "nospec"]
+    assert resolve_modes(["nospec", "fixed", "varK", "smallest_covering"], recipe, policies) == [
+        "nospec", "fixed", "varK:goodput", "varK:smallest_covering"]
+    assert resolve_modes(["varK", "goodput", "varK:goodput"], recipe, policies) == ["varK:goodput"]
+    with pytest.raises(UsageError, match="unknown bench mode 'turbo'"):
+        resolve_modes(["turbo"], recipe, policies)
 
 
 def test_bench_cli_writes_json_and_rejects_unknown_mode(tiny_recipe, tmp_path):
     out = tmp_path / "rows.json"
-    result = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--repeats", "1", "--modes", "nospec,varK",
+    result = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--repeats", "1", "--modes", "nospec,varK,goodput",
                                       "--json", str(out), "--markdown", "-q"])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
-    assert [r["mode"] for r in rows] == ["nospec", "varK"]
+    assert [r["mode"] for r in rows] == ["nospec", "varK:goodput", "varK:smallest_covering"]
+    assert all(r["identical_to_nospec"] for r in rows)
     assert "| batch |" in result.stdout
     bad = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--modes", "nospec,turbo"])
     assert bad.exit_code == 2
