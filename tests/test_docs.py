@@ -50,3 +50,39 @@ def test_hook_example_in_docs_is_the_tested_one(hook):
 def test_docs_name_no_hook_that_does_not_exist():
     unknown = set(doc_headings()) - set(hook_signatures())
     assert not unknown, f"docs/hooks.md documents hooks that do not exist: {sorted(unknown)}"
+
+
+# ------------------------------------------------------------------------------ docs/architecture.md
+
+ARCHITECTURE_MD = REPO / "docs" / "architecture.md"
+
+
+def architecture_paths() -> list[str]:
+    """Every repository path (``spdflow/...``, ``plugins/...``, ``docs/...``, ``tests/...``) named
+    in backticks in docs/architecture.md."""
+    return re.findall(r"`((?:spdflow|plugins|docs|tests)/[\w./-]*)`", ARCHITECTURE_MD.read_text(encoding="utf-8"))
+
+
+def architecture_names() -> list[tuple[str, str]]:
+    """(module path, name) for every ``Engine.method`` the page names, all in spdflow/engine/run.py."""
+    return [("spdflow/engine/run.py", name)
+            for name in re.findall(r"`Engine\.(\w+)`", ARCHITECTURE_MD.read_text(encoding="utf-8"))]
+
+
+def test_architecture_names_only_paths_and_methods_that_exist():
+    paths = architecture_paths()
+    assert len(paths) > 20
+    missing = [p for p in paths if not (REPO / p).exists()]
+    assert missing == []
+    from spdflow.engine.run import Engine
+
+    names = architecture_names()
+    assert names and [n for _, n in names if not hasattr(Engine, n)] == []
+
+
+def test_architecture_lists_every_top_level_module_of_the_core():
+    """The page keeps naming the modules a newcomer reads first (a rename must update it)."""
+    text = ARCHITECTURE_MD.read_text(encoding="utf-8")
+    for name in ("api.py", "hookspecs.py", "plugins.py", "errors.py", "files.py", "engine/run.py",
+                 "engine/generate.py", "report/metrics.py", "report/model.py"):
+        assert f"`spdflow/{name}`" in text, name
