@@ -420,7 +420,7 @@ class StepOutcome:
     ``k``), ``accepted[i]`` how many of them were accepted. ``propose_s`` is 0.0 when the step
     did not call the proposer. Times are wall seconds of this process.
 
-    ``scored`` (only for a policy with ``wants_scores``) holds one ``(checked, matched)`` pair
+    ``scored`` (only after the policy called :meth:`PolicyServices.score_proposals`) holds one ``(checked, matched)`` pair
     per proposal decided at this step, whether it was verified, cut to a smaller K or not
     verified at all (K = 0): its tokens compared with the tokens the request went on to
     generate, ``matched`` the length of the agreeing prefix, ``checked`` the positions
@@ -441,6 +441,40 @@ class StepOutcome:
     scored: tuple[tuple[int, int], ...] = ()
 
 
+class PolicyServices:
+    """What the engine offers a K policy in :meth:`KPolicy.start`; a policy asks for what it uses.
+
+    Nothing is measured or scored for a policy that does not ask.
+    """
+
+    def step_costs(self) -> dict[int, float]:
+        """Median seconds of one verify run per compiled K on this session, measured on the
+        first ask (a few runs per K, writing only the reserved KV slot) and kept by the run for
+        the session's life: later generations on it get the same figures without re-measuring."""
+        raise NotImplementedError
+
+    def score_proposals(self) -> None:
+        """From now on, every :class:`StepOutcome` carries ``scored``: each proposal compared with
+        the tokens its request went on to generate, so a policy learns how long proposals hold
+        even when they were cut to a smaller K or not verified (K = 0)."""
+        raise NotImplementedError
+
+
+class NoServices(PolicyServices):
+    """Services for a policy used outside a generation loop (unit tests, lint): fixed step
+    costs, if given, and scoring requests ignored."""
+
+    def __init__(self, step_costs: dict[int, float] | None = None):
+        self._costs = dict(step_costs or {})
+        self.scoring = False
+
+    def step_costs(self) -> dict[int, float]:
+        return dict(self._costs)
+
+    def score_proposals(self) -> None:
+        self.scoring = True
+
+
 class KPolicy:
     """Chooses the compiled K of a step from the proposal counts of the batch.
 
@@ -450,16 +484,10 @@ class KPolicy:
     The engine calls, per generation: ``start`` once, then every decode step, in this order,
     ``propose_budget`` (before the proposer runs), ``choose_k`` (after it) and ``observe``
     (after the verify and accept). Only ``choose_k`` is required; the others let a policy
-    learn what K is worth on this machine.
+    learn what K is worth on this machine, with what it asks of the :class:`PolicyServices`.
     """
 
     name: str = ""
-    #: True asks the engine to time every compiled decode shape before the first step and
-    #: pass the medians to ``start`` (a few runs per K, once per session).
-    wants_step_costs: bool = False
-    #: True asks the engine to score every proposal against the tokens generated after it
-    #: (``StepOutcome.scored``), so a policy learns how long proposals hold even at K = 0.
-    wants_scores: bool = False
 
     def required_ks(self, compiled_ks: Sequence[int]) -> list[int]:
         """The Ks this policy may choose from the recipe's K-list; each needs a compiled shape.
@@ -469,9 +497,9 @@ class KPolicy:
         """
         return sorted(set(compiled_ks))
 
-    def start(self, compiled_ks: Sequence[int], rows: int, step_costs: dict[int, float] | None) -> None:
-        """Before the first step: the compiled K-list, the batch rows, and (when asked for)
-        the measured seconds of one verify run per K."""
+    def start(self, compiled_ks: Sequence[int], rows: int, services: PolicyServices) -> None:
+        """Before the first step: the compiled K-list, the batch rows, and the engine's services
+        (measured step costs, proposal scoring) to ask for what this policy uses."""
 
     def propose_budget(self, k_max: int, step: StepContext) -> int:
         """How many tokens the proposer may draft per request this step (0: do not call it).

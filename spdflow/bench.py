@@ -263,7 +263,7 @@ class BatchBench:
             proposer, name = self.engine.make_proposer(self.info, self.sampling, self.baseline), recipe.proposer.uses
         config = self.config if proposer is not None else self.nospec_config
         generator = Generator(self.pm, self.session, config, proposer=proposer, proposer_name=name,
-                              policy=policy, acceptor=acceptor, trace=records.append)
+                              policy=policy, acceptor=acceptor, trace=records.append, step_costs=self.engine.step_costs)
         try:
             return generator.generate(self.requests)
         finally:

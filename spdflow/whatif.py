@@ -362,17 +362,19 @@ def fidelity(run: RunData, policy_name: str, pm) -> tuple[bool, list[str]]:
                      "on average the chance the target samples it (an underestimate for proposals with draft "
                      "probabilities); an estimate")
     policy = make_k_policy(pm, policy_name, own_settings(run.recipe, policy_name))
-    if getattr(policy, "wants_step_costs", False) or getattr(type(policy), "observe", None) is not _base_observe():
+    if _overrides(policy, "start") or _overrides(policy, "observe"):
         exact = False
         notes.append(f"K policy '{policy_name}' learns from step times: its choices follow the priced verify times "
                      "and this machine's host time, a prediction")
     return exact, notes
 
 
-def _base_observe():
+def _overrides(policy, method: str) -> bool:
+    """Whether the policy implements ``method`` itself (start: it may ask for measured step
+    costs; observe: it learns from step times)."""
     from spdflow.api import KPolicy
 
-    return KPolicy.observe
+    return getattr(type(policy), method, None) is not getattr(KPolicy, method)
 
 
 def measured_prefill(run: RunData) -> float | None:

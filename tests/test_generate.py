@@ -168,14 +168,14 @@ class Recording:
     """A K policy that records what the engine tells it and proposes nothing every other step."""
 
     name = "recording"
-    wants_step_costs = True
 
     def __init__(self):
         self.calls = []
         self.budgets = []
 
-    def start(self, compiled_ks, rows, step_costs):
-        self.calls.append(("start", list(compiled_ks), rows, dict(step_costs)))
+    def start(self, compiled_ks, rows, services):
+        self.calls.append(("start", list(compiled_ks), rows, services.step_costs()))
+        self.services = services
 
     def propose_budget(self, k_max, step):
         self.calls.append(("budget", k_max, step))
@@ -236,18 +236,23 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
     assert {o.k for o in observed} == {0, 4}
     assert all(o.verify_s > 0 and len(o.proposed) == len(o.accepted) == 1 for o in observed)
     assert all(o.propose_s == 0.0 for o in observed if o.k == 0)
+    # it asked for step costs (measured once, traced) but not for scoring
+    assert [r["kind"] for r in state.records].count("step_costs") == 1
+    assert all(o.scored == () for o in observed)
 
 
 class Scoring(Recording):
     """Verifies at K=2 or not at all (K=0) in turn, and keeps what the engine scored."""
 
     name = "scoring"
-    wants_scores = True
 
     def __init__(self):
         super().__init__()
         self.scored = []
         self.turn = 0
+
+    def start(self, compiled_ks, rows, services):
+        services.score_proposals()
 
     def propose_budget(self, k_max, step):
         return k_max
@@ -334,7 +339,7 @@ def test_a_k_policy_that_breaks_is_named_in_one_sentence(pm, tmp_path, models, o
 def test_step_costs_touch_only_the_reserved_kv_slot_and_are_measured_once(pm, tmp_path, models, out_root):
     import numpy as np
 
-    from spdflow.engine.generate import measure_step_costs
+    from spdflow.engine.generate import StepCosts
 
     path = write(tmp_path, models[0], out_root / "costs", "prompt_lookup", {}, [0, 2])
     engine = Engine(pm, load_recipe(path, pm, allow_outside_paths=True), RunOptions())
@@ -345,7 +350,8 @@ def test_step_costs_touch_only_the_reserved_kv_slot_and_are_measured_once(pm, tm
         for array in session.kv_cache().values():
             array[...] = rng.standard_normal(array.shape)
         before = {name: array.copy() for name, array in session.kv_cache().items()}
-        costs = measure_step_costs(pm, session, 1, [0, 2], info.pad_token_id)
+        owned = StepCosts()
+        costs = owned.get(pm, session, 1, [0, 2], info.pad_token_id)
         assert set(costs) == {0, 2} and all(v > 0 for v in costs.values())
         for name, array in session.kv_cache().items():
             assert np.array_equal(array[:, :, :-1], before[name][:, :, :-1]), name
@@ -353,10 +359,12 @@ def test_step_costs_touch_only_the_reserved_kv_slot_and_are_measured_once(pm, tm
         original = pm.hook.spdflow_verify
         pm.hook.spdflow_verify = lambda **kw: calls.append(kw) or original(**kw)
         try:
-            assert measure_step_costs(pm, session, 1, [0, 2], info.pad_token_id) == costs
+            assert owned.get(pm, session, 1, [0, 2], info.pad_token_id) == costs
+            assert calls == []  # kept per session by their owner
+            assert StepCosts().get(pm, session, 1, [0, 2], info.pad_token_id).keys() == costs.keys()
+            assert calls  # another owner (another run) measures for itself: no module-level cache
         finally:
             pm.hook.spdflow_verify = original
-        assert calls == []  # cached per session
     finally:
         session.close()
 

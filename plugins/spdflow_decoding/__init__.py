@@ -5,7 +5,8 @@ from __future__ import annotations
 from spdflow.hookspecs import hookimpl
 
 from .acceptance import GreedyAcceptor, RejectionAcceptor, target_distribution
-from .k_policy import FixedK, Goodput, GoodputConfig, NoSpec, SmallestCovering, smallest_covering_k
+from .goodput import AcceptanceEstimator, Goodput, GoodputConfig, StepCostModel
+from .k_policy import FixedK, NoSpec, SmallestCovering, smallest_covering_k
 
 __all__ = [
     "GreedyAcceptor",
@@ -16,6 +17,8 @@ __all__ = [
     "NoSpec",
     "Goodput",
     "GoodputConfig",
+    "StepCostModel",
+    "AcceptanceEstimator",
     "smallest_covering_k",
 ]
 

@@ -25,8 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spdflow.api import (AcceptRow, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext, StepOutcome,
-                         TargetOutputs)
+from spdflow.api import (AcceptRow, PolicyServices, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext,
+                         StepOutcome, TargetOutputs)
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
@@ -58,28 +58,41 @@ def read_only_copy(array: np.ndarray) -> np.ndarray:
     return copy
 
 
-#: measured verify seconds per K, per session: {session: {(rows, ks): {k: seconds}}}
-_STEP_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _NO_PROPOSAL = Proposal.empty()  # shared: the engine never changes a proposal in place
+
+
+class StepCosts:
+    """Measured verify seconds per compiled K, kept per session and shape set by whoever owns
+    this object: a run (the engine), a bench, or one generator. Nothing is shared through module
+    state, so two runs in one process never see each other's figures."""
+
+    def __init__(self):
+        #: {session: {(rows, ks): {k: seconds}}}; a closed, collected session drops its entry
+        self._by_session: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def get(self, pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
+            batch_index: np.ndarray | None = None, clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
+        """The figures for this session and shape set, measured on the first ask."""
+        key = (rows, tuple(ks))
+        try:
+            cached = self._by_session.setdefault(session, {})
+        except TypeError:  # a session type without weak references: measure every time
+            cached = {}
+        if key not in cached:
+            cached[key] = measure_step_costs(pm, session, rows, ks, pad_token_id, batch_index, clock=clock)
+        return dict(cached[key])
 
 
 def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
                        batch_index: np.ndarray | None = None, repeats: int = 8, warmup: int = 3,
                        clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
-    """Median seconds of one verify run per compiled K, measured once per session and shape set.
+    """Median seconds of one verify run per compiled K (measured now; :class:`StepCosts` keeps them).
 
     Every position is -1, so the runs write only the reserved last KV slot and can happen at
     any time without touching a request's cache. Each K runs as a block (``warmup`` untimed
     runs, then ``repeats`` timed ones): this is the steady cost of repeating K, without the cost of
     switching shapes, which a policy can learn from the steps themselves.
     """
-    key = (rows, tuple(ks))
-    try:
-        cached = _STEP_COSTS.setdefault(session, {})
-    except TypeError:  # a session type without weak references: measure every time
-        cached = {}
-    if key in cached:
-        return dict(cached[key])
     times: dict[int, list[float]] = {k: [] for k in ks}
     for k in ks:
         ids = np.full((rows, k + 1), pad_token_id, dtype=np.int64)
@@ -90,8 +103,23 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
                                    num_logits_to_keep=k + 1, batch_index=batch_index)
             if round_ >= warmup:
                 times[k].append(clock() - start)
-    cached[key] = {k: float(np.median(v)) for k, v in times.items()}
-    return dict(cached[key])
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+class _LoopServices(PolicyServices):
+    """The services a :class:`Generator` offers its K policy."""
+
+    def __init__(self, generator: "Generator"):
+        self._generator = generator
+        self._costs: dict[int, float] | None = None
+
+    def step_costs(self) -> dict[int, float]:
+        if self._costs is None:
+            self._costs = self._generator.measured_step_costs()
+        return dict(self._costs)
+
+    def score_proposals(self) -> None:
+        self._generator._scoring = True
 
 
 def split_logits(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -153,7 +181,8 @@ class Generator:
 
     def __init__(self, pm, session, config: LoopConfig, *, proposer=None, proposer_name: str = "",
                  proposer_plugin: str = "", policy=None, acceptor=None, trace: Callable[[dict], None] | None = None,
-                 on_tokens: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter):
+                 on_tokens: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 step_costs: StepCosts | None = None):
         self.pm = pm
         #: the time source of every figure the loop records; a what-if replay passes a clock on
         #: which verify runs take their priced time (spdflow.whatif)
@@ -169,8 +198,11 @@ class Generator:
         self.policy = policy
         #: the K policy only runs (start/budget/choose/observe) when there is a proposer
         self._policy_runs = proposer is not None and policy is not None
-        #: score every proposal against the tokens the target goes on to emit (StepOutcome.scored)
-        self._scoring = self._policy_runs and bool(getattr(policy, "wants_scores", False))
+        #: score every proposal against the tokens the target goes on to emit (StepOutcome.scored);
+        #: on once the policy asks (PolicyServices.score_proposals)
+        self._scoring = False
+        #: measured step costs, owned by the run that passed them (else by this generator)
+        self.step_costs = step_costs if step_costs is not None else StepCosts()
         #: extra target outputs the proposer reads (head logits, hidden states)
         self._wants = tuple(getattr(proposer, "target_outputs", ()) or ()) if proposer is not None else ()
         self.acceptor = acceptor
@@ -211,17 +243,19 @@ class Generator:
         return [results[r.index] for r in requests]
 
     def _start_policy(self) -> None:
-        """Hand the K policy the compiled K-list, the rows and (if it asks) measured step costs."""
+        """Hand the K policy the compiled K-list, the rows and the services it may ask for."""
         if not self._policy_runs:
             return
-        costs = None
-        if getattr(self.policy, "wants_step_costs", False):
-            started = self.clock()
-            costs = measure_step_costs(self.pm, self.session, self.rows, self.ks, self.cfg.pad_token_id,
-                                       self._batch_index, clock=self.clock)
-            self.trace({"kind": "step_costs", "duration_s": self.clock() - started,
-                        "verify_s": {str(k): v for k, v in costs.items()}})
-        self._call_policy("start", list(self.ks), self.rows, costs)
+        self._call_policy("start", list(self.ks), self.rows, _LoopServices(self))
+
+    def measured_step_costs(self) -> dict[int, float]:
+        """The session's step costs for this loop's shapes (traced once per generation)."""
+        started = self.clock()
+        costs = self.step_costs.get(self.pm, self.session, self.rows, self.ks, self.cfg.pad_token_id,
+                                    self._batch_index, clock=self.clock)
+        self.trace({"kind": "step_costs", "duration_s": self.clock() - started,
+                    "verify_s": {str(k): v for k, v in costs.items()}})
+        return costs
 
     # ------------------------------------------------------------------------- prefill
 

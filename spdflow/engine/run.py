@@ -172,6 +172,7 @@ class Engine:
         self.run_dir = self.recipe.output_dir()
         self.state = RunState(self.recipe, self.run_dir)
         self._sessions: list[Any] = []
+        self._step_costs = None  # spdflow.engine.generate.StepCosts, made on first use
         self._auxiliary: dict[tuple[str, str], tuple[CompiledProgram, ModelInfo]] = {}
         self._lock = None  # the output dir's lock, held while running
         #: role -> rebuild its program from scratch (when a cached one turns out damaged)
@@ -425,6 +426,15 @@ class Engine:
                             sampling, workload.ignore_eos)
         return PreparedGeneration(info, tokenizer, requests, session, sampling, config)
 
+    @property
+    def step_costs(self):
+        """The step costs this run measured, per session (:class:`~spdflow.engine.generate.StepCosts`)."""
+        if self._step_costs is None:
+            from spdflow.engine.generate import StepCosts
+
+            self._step_costs = StepCosts()
+        return self._step_costs
+
     def make_acceptor(self):
         """A fresh acceptor of the recipe's acceptance rule."""
         return self.pm.lookup("acceptor", self.recipe.resolved_acceptance()).factory()
@@ -460,7 +470,7 @@ class Engine:
             if need_baseline and proposer is not None:
                 baseline_records: list[dict] = []
                 baseline_gen = Generator(self.pm, session, config, acceptor=acceptor, policy=policy,
-                                         trace=baseline_records.append)
+                                         trace=baseline_records.append, step_costs=self.step_costs)
                 with self.ui.generation(sum(r.max_new_tokens for r in requests), "baseline (no-spec)") as bar:
                     baseline_gen.on_tokens = bar.advance
                     for result in baseline_gen.generate(requests):
@@ -468,7 +478,8 @@ class Engine:
                 self.state.baseline = baseline_summary(baseline_records)
             records = self.state.records
             generator = Generator(self.pm, session, config, proposer=proposer, proposer_name=proposer_name,
-                                  proposer_plugin=proposer_plugin, policy=policy, acceptor=acceptor, trace=records.append)
+                                  proposer_plugin=proposer_plugin, policy=policy, acceptor=acceptor, trace=records.append,
+                                  step_costs=self.step_costs)
             with self.ui.generation(sum(r.max_new_tokens for r in requests), "generate") as bar:
                 generator.on_tokens = bar.advance
                 results = generator.generate(requests)

@@ -54,8 +54,8 @@ def test_k_policies_and_acceptors_are_registered_through_the_entry_point():
 
 # ---------------------------------------------------------------------------------- goodput
 
-from spdflow.api import StepContext, StepOutcome  # noqa: E402
-from spdflow_decoding import Goodput, GoodputConfig  # noqa: E402
+from spdflow.api import NoServices, StepContext, StepOutcome  # noqa: E402
+from spdflow_decoding import AcceptanceEstimator, Goodput, GoodputConfig, StepCostModel  # noqa: E402
 
 DEFAULTS = GoodputConfig()
 
@@ -64,7 +64,7 @@ KS = [0, 2, 4, 7]
 
 def goodput(costs, rows=1):
     policy = Goodput()
-    policy.start(KS, rows, costs)
+    policy.start(KS, rows, NoServices(costs))
     return policy
 
 
@@ -74,7 +74,7 @@ def feed(policy, k, proposed, accepted, steps, verify_s=None):
     scored = ((min(accepted + 1, proposed), accepted),) * rows
     for _ in range(steps):
         policy.observe(StepOutcome(k, (proposed,) * rows, (accepted,) * rows,
-                                   policy.verify_s[k] if verify_s is None else verify_s, 0.0, 0.0, scored))
+                                   policy.costs.verify_s[k] if verify_s is None else verify_s, 0.0, 0.0, scored))
 
 
 def context(rows=1, left=100, waiting=0):
@@ -104,7 +104,7 @@ def test_goodput_weighs_acceptance_against_the_measured_cost_of_each_k():
         for _ in range(40):
             feed(policy, 7, 7, 7, steps=1)
             feed(policy, 7, 7, 0, steps=1)
-        policy.last_k = 0
+        policy.costs.last_k = 0
         assert policy.choose_k([7], KS) == expected, costs
 
 
@@ -113,7 +113,7 @@ def test_goodput_peeks_at_the_proposer_while_speculation_cannot_pay():
     feed(policy, 7, 7, 0, steps=50)
     # The proposer takes 5 % of a K = 0 step: peeking every 5 steps spends 1 % of the run.
     policy.choose_k([7], KS)
-    policy.propose_s = 0.05
+    policy.costs.propose_s = 0.05
     policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
     assert policy.peek_every == 5
     budgets = [policy.propose_budget(7, context()) for _ in range(20)]
@@ -122,7 +122,7 @@ def test_goodput_peeks_at_the_proposer_while_speculation_cannot_pay():
     assert policy.choose_k([7], KS) == 0  # ... and the proposal is scored, not verified
     # A cheap proposer is peeked at every peek_min steps, a dear one at most every peek_max.
     for propose_s, every in [(0.0001, DEFAULTS.peek_min), (100.0, DEFAULTS.peek_max)]:
-        policy.propose_s = propose_s
+        policy.costs.propose_s = propose_s
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, propose_s, 0.0))
         assert policy.peek_every == every
 
@@ -144,7 +144,7 @@ def test_goodput_counts_rows_that_hold_a_static_batch_up():
     for _ in range(40):
         feed(policy, 7, 7, 7, steps=1)
         feed(policy, 7, 7, 0, steps=1)
-    policy.last_k = 0
+    policy.costs.last_k = 0
     # Row 0 is nearly done, row 1 (most tokens left) has nothing to propose: speculating only
     # speeds up a row that will sit idle soon, so K = 0.
     policy.propose_budget(7, StepContext((4, 100), 0, 2))
@@ -158,22 +158,22 @@ def test_goodput_follows_the_verify_and_host_times_steps_really_take():
     policy = goodput({0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
     for _ in range(200):
         policy.observe(StepOutcome(7, (7,), (7,), 2.0, 0.0, 0.1))
-    assert policy.verify_s[7] == pytest.approx(2.0, rel=0.01)
-    assert policy.verify_s[0] == 1.0  # untouched until K = 0 runs
-    assert policy.host_s[7] == pytest.approx(0.1, rel=0.01)
-    assert policy.host_s[0] == 0.1  # shapes not run yet start from the first host time seen
+    assert policy.costs.verify_s[7] == pytest.approx(2.0, rel=0.01)
+    assert policy.costs.verify_s[0] == 1.0  # untouched until K = 0 runs
+    assert policy.costs.host_s[7] == pytest.approx(0.1, rel=0.01)
+    assert policy.costs.host_s[0] == 0.1  # shapes not run yet start from the first host time seen
     for _ in range(200):
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.0, 0.02))
-    assert policy.host_s[0] == pytest.approx(0.02, rel=0.01)
-    assert policy.host_s[7] == pytest.approx(0.1, rel=0.01)
+    assert policy.costs.host_s[0] == pytest.approx(0.02, rel=0.01)
+    assert policy.costs.host_s[7] == pytest.approx(0.1, rel=0.01)
 
 
 def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip():
     def switched(penalty, last_k, rate):
         policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
         feed(policy, 7, 7, 7, steps=20)  # proposals hold well
-        policy.penalty_s, policy.last_k = penalty, last_k
-        policy.yield_rate = rate  # nothing seen of runs yet: steps count as independent
+        policy.costs.penalty_s, policy.costs.last_k = penalty, last_k
+        policy.acceptance.yield_rate = rate  # nothing seen of runs yet: steps count as independent
         policy.propose_budget(7, context())
         return policy
 
@@ -191,16 +191,75 @@ def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip()
     for _ in range(100):  # every step is a change, each 0.5 s slower than steady
         policy.observe(StepOutcome(0, (0,), (0,), 1.5, 0.0, 0.0))
         policy.observe(StepOutcome(7, (7,), (7,), 2.5, 0.0, 0.0))
-    assert policy.penalty_s == pytest.approx(0.5, rel=0.01)
-    assert policy.verify_s == {0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0}  # steady costs untouched
+    assert policy.costs.penalty_s == pytest.approx(0.5, rel=0.01)
+    assert policy.costs.verify_s == {0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0}  # steady costs untouched
 
 
-def test_goodput_is_registered_and_asks_for_step_costs():
+class AskedServices(NoServices):
+    """Services that remember what the policy asked for."""
+
+    def __init__(self, costs):
+        super().__init__(costs)
+        self.asked = []
+
+    def step_costs(self):
+        self.asked.append("step_costs")
+        return super().step_costs()
+
+    def score_proposals(self):
+        self.asked.append("score_proposals")
+        super().score_proposals()
+
+
+def test_goodput_is_registered_and_asks_for_step_costs_and_scoring():
     registration = get_plugin_manager().registry()["k_policy"]["goodput"]
     policy = registration.factory()
-    assert policy.wants_step_costs
-    policy.start(KS, 1, {0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
+    services = AskedServices({0: 1.0, 2: 2.0, 4: 3.0, 7: 4.0})
+    policy.start(KS, 1, services)
+    assert sorted(services.asked) == ["score_proposals", "step_costs"]
+    assert policy.costs.verify_s == {0: 1.0, 2: 2.0, 4: 3.0, 7: 4.0}
     assert policy.choose_k([2], KS) in KS
+    for simple in ("smallest_covering", "fixed", "nospec"):  # they ask for nothing: nothing is measured
+        services = AskedServices({})
+        get_plugin_manager().registry()["k_policy"][simple].factory().start(KS, 1, services)
+        assert services.asked == [], simple
+
+
+# ------------------------------------------------------------------------------ goodput's parts
+
+
+def test_step_cost_model_follows_repeated_steps_and_learns_the_switch_penalty():
+    costs = StepCostModel([0, 4], {0: 1.0, 4: 2.0}, cost_ema=0.5, penalty_ema=0.5)
+    assert costs.step_cost(4) == 2.0 and costs.host_s == {0: None, 4: None}
+    costs.observe(4, 3.0, 0.2, 0.0)  # first step: no change to learn from; host fills every K
+    assert costs.verify_s == {0: 1.0, 4: 2.0} and costs.host_s == {0: 0.2, 4: 0.2} and costs.last_k == 4
+    costs.observe(4, 3.0, 0.2, 0.0)  # K repeats: its steady time moves halfway to 3.0
+    assert costs.verify_s[4] == pytest.approx(2.5) and costs.penalty_s == 0.0
+    costs.observe(0, 2.0, 0.2, 0.1)  # a change: 1.0 s over steady is the penalty's news
+    assert costs.verify_s[0] == 1.0 and costs.penalty_s == pytest.approx(0.5) and costs.propose_s == pytest.approx(0.1)
+    assert costs.detour_cost(0, back=1.0) == pytest.approx(1.2)  # the last K: no switch
+    assert costs.detour_cost(4, back=1.0) == pytest.approx(2.5 + 0.2 + 2 * 0.5)
+
+
+def test_acceptance_estimator_counts_positions_fades_old_proposals_and_tracks_runs():
+    config = GoodputConfig(prior_accept=0.5, prior_weight=1.0, decay=0.5, yield_ema=0.5)
+    estimate = AcceptanceEstimator(3, config)
+    assert estimate.expected_extra() == pytest.approx([0.0, 0.5, 0.75, 0.875])  # the prior alone
+    estimate.observe_scored([(2, 1)])  # position 1 held, position 2 failed
+    # accept[1] = (1 + 0.5) / (1 + 1) = 0.75; accept[2] = (0 + 0.75) / (1 + 1); accept[3] = its prior
+    a1, a2 = 0.75, 0.375
+    assert estimate.expected_extra() == pytest.approx([0.0, a1, a1 + a1 * a2, a1 + a1 * a2 + a1 * a2 * a2])
+    estimate.observe_scored([(1, 1)])  # older counts fade by decay per new proposal
+    assert estimate.tries[1] == pytest.approx(1.5) and estimate.hits[1] == pytest.approx(1.5)
+    assert estimate.tries[2] == pytest.approx(0.5) and estimate.hits[2] == 0.0
+    assert not estimate.settled()
+    for offered in (1.0, 1.0, 0.0):
+        estimate.observe_call(offered)
+    assert estimate.calls == 3 and estimate.yield_rate == pytest.approx(0.5)
+    assert estimate.follows == pytest.approx([1.5, 0.5])  # two calls after one with proposals; one had some
+    estimate.observe_no_call()
+    estimate.observe_call(1.0)
+    assert estimate.follows == pytest.approx([1.5, 0.5])  # a skipped step breaks the run: nothing counted
 
 
 def test_goodput_stops_calling_a_proposer_that_returns_nothing():
@@ -230,8 +289,8 @@ def test_goodput_learns_how_long_runs_of_proposals_last():
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
         policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.0, 0.0))
-    assert policy.follows == [0.0, 0.0]
-    assert policy.run_on() == pytest.approx(policy.yield_rate)
+    assert policy.acceptance.follows == [0.0, 0.0]
+    assert policy.run_on() == pytest.approx(policy.acceptance.yield_rate)
 
 
 def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():

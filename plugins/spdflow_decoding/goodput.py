@@ -1,0 +1,336 @@
+"""The ``goodput`` K policy, in three parts a reader can hold one at a time:
+
+* :class:`StepCostModel` — what a step at K costs on this machine: the engine's measured verify
+  time per K, then what repeated steps really take (verify and host time), the extra time of the
+  first step after a change of K (the switch penalty), and the proposer's time per call.
+* :class:`AcceptanceEstimator` — what proposals are worth: per-position acceptance from scored
+  proposals (every proposal compared with the tokens its request went on to generate, so a
+  proposal cut to a smaller K or not verified at all still counts), how often rows return a
+  proposal, and how long runs of steps with proposals last.
+* :class:`Goodput` — the decision rule: each step, the compiled K with the most expected tokens
+  per second; whether to call the proposer at all; when to peek at it while skipping.
+
+The policy asks the engine for two services in ``start``: measured step costs and proposal
+scoring (:class:`spdflow.api.PolicyServices`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spdflow.api import KPolicy, NoServices, PolicyServices
+
+
+class GoodputConfig(BaseModel):
+    """The ``with:`` block of ``k_policy: {uses: goodput}``: the estimators' tunables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prior_accept: float = Field(0.6, gt=0.0, lt=1.0, description="Acceptance assumed at proposal position 1 before any is scored.")
+    prior_weight: float = Field(4.0, gt=0.0, description="Pseudo-trials behind each prior (acceptance per position, run_on).")
+    decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
+    cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
+    penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
+    yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
+    peek_share: float = Field(0.01, gt=0.0, le=1.0, description="Share of the run spent on peeks while proposing is skipped.")
+    peek_min: int = Field(4, ge=1, description="Fewest steps between peeks.")
+    peek_max: int = Field(256, ge=1, description="Most steps between peeks.")
+    horizon: float = Field(8.0, gt=0.0, description="Tokens-left scale of the row weights exp(-(most - left) / horizon).")
+    margin: float = Field(0.1, ge=0.0, description="How much better than K = 0 a K must be to leave K = 0.")
+    evidence: int = Field(8, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
+
+
+def any_proposes(share: float, rows: int) -> float:
+    """The chance that at least one of ``rows`` rows gets a proposal, each with chance ``share``."""
+    return 1.0 - (1.0 - share) ** rows
+
+
+# ------------------------------------------------------------------------------ cost model
+
+
+class StepCostModel:
+    """Seconds of a step at each compiled K.
+
+    Starts from the engine's measured verify time per K (1 s each when none was measured: only
+    the ratios matter). A step at the same K as the last one moves that K's verify time towards
+    what it took (moving average, step ``cost_ema``); the first step after a change instead
+    teaches the switch penalty: its excess over the steady time (step ``penalty_ema``). Host
+    time per K is a moving average too; shapes not run yet start from the first host time seen.
+    """
+
+    def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float):
+        self.cost_ema, self.penalty_ema = cost_ema, penalty_ema
+        self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in ks}
+        self.host_s: dict[int, float | None] = {k: None for k in ks}
+        self.penalty_s = 0.0  # extra verify time of the first step after a change of K
+        self.propose_s: float | None = None  # seconds per proposer call, once one was seen
+        self.last_k: int | None = None
+
+    def step_cost(self, k: int) -> float:
+        """Seconds of a step at K when K repeats: the steady verify time plus host time."""
+        return self.verify_s[k] + (self.host_s[k] or 0.0)
+
+    def detour_cost(self, k: int, back: float) -> float:
+        """Seconds of a step at K taken by a step without proposals: a change of K costs the
+        switch penalty, and once more with chance ``back`` for coming back."""
+        cost = self.step_cost(k)
+        if k == self.last_k or self.last_k is None:
+            return cost
+        return cost + (1.0 + back) * self.penalty_s
+
+    def observe(self, k: int, verify_s: float, host_s: float, propose_s: float) -> None:
+        """One step's times; K becomes the last K."""
+        a = self.cost_ema
+        if k == self.last_k:
+            self.verify_s[k] += a * (verify_s - self.verify_s[k])
+        elif self.last_k is not None:
+            excess = verify_s - self.verify_s[k]
+            self.penalty_s += self.penalty_ema * (excess - self.penalty_s)
+        host = self.host_s
+        if host[k] is None:
+            for key in host:
+                if host[key] is None:
+                    host[key] = host_s
+        host[k] += a * (host_s - host[k])
+        self.last_k = k
+        if propose_s > 0:
+            if self.propose_s is None:
+                self.propose_s = propose_s
+            self.propose_s += a * (propose_s - self.propose_s)
+
+
+# ------------------------------------------------------------------------------ acceptance estimator
+
+
+class AcceptanceEstimator:
+    """What proposals are worth, from what the engine scored.
+
+    ``accept[j]`` is the chance that proposal position j holds given that 1..j-1 did, counted
+    over recent scored proposals (older ones fading by ``decay`` per proposal); each position
+    starts from ``prior_weight`` pseudo-trials at the estimate of the position before it (the
+    first at ``prior_accept``). ``yield_rate`` is the share of rows that return a proposal when
+    the proposer runs; ``follows`` counts, fading by ``1 - yield_ema``, steps with proposals
+    whose next proposer call was seen, and those that had proposals again (for :meth:`run_on`).
+    """
+
+    def __init__(self, max_k: int, config: GoodputConfig):
+        self.config = config
+        # Index j is proposal position j (1-based); index 0 is unused.
+        self.tries = [0.0] * (max_k + 1)
+        self.hits = [0.0] * (max_k + 1)
+        self.yield_rate = 1.0
+        self.calls = 0  # proposer calls seen
+        self.follows = [0.0, 0.0]
+        self._had_some = False  # the last step ran the proposer and some row proposed
+        self._extra: list[float] | None = None
+
+    def expected_extra(self) -> list[float]:
+        """``extra[n]``: expected accepted proposals of a row that proposes n tokens (cached)."""
+        if self._extra is None:
+            prior, weight = self.config.prior_accept, self.config.prior_weight
+            extra, run, previous = [0.0], 1.0, prior
+            for j in range(1, len(self.tries)):
+                previous = (self.hits[j] + weight * previous) / (self.tries[j] + weight)
+                run *= previous
+                extra.append(extra[-1] + run)
+            self._extra = extra
+        return self._extra
+
+    def settled(self) -> bool:
+        """Enough evidence to act on: ``evidence`` scored proposals or 4x as many proposer calls
+        (a proposer that rarely returns one is judged by its calls)."""
+        return self.tries[1] >= self.config.evidence or self.calls >= 4 * self.config.evidence
+
+    def run_on(self, rows: int) -> float:
+        """The chance that a step with proposals is followed by another: seen counts, and a
+        prior of ``prior_weight`` steps at what independent steps would give."""
+        alone = any_proposes(self.yield_rate, max(rows, 1))
+        seen, again = self.follows
+        return (again + self.config.prior_weight * alone) / (seen + self.config.prior_weight)
+
+    def observe_call(self, offered: float) -> None:
+        """The proposer ran; ``offered`` is the share of rows that got a proposal."""
+        self.calls += 1
+        self.yield_rate += self.config.yield_ema * (offered - self.yield_rate)
+        some = offered > 0
+        if self._had_some:
+            keep = 1.0 - self.config.yield_ema
+            self.follows = [self.follows[0] * keep + 1.0, self.follows[1] * keep + some]
+        self._had_some = some
+
+    def observe_no_call(self) -> None:
+        """A step that skipped the proposer: it says nothing about runs, and breaks one."""
+        self._had_some = False
+
+    def observe_scored(self, scored: Sequence[tuple[int, int]]) -> None:
+        """(checked, matched) per decided proposal: positions 1..checked tried, 1..matched held."""
+        if not scored:
+            return
+        fade = self.config.decay ** len(scored)
+        tries = [t * fade for t in self.tries]
+        hits = [h * fade for h in self.hits]
+        for checked, matched in scored:
+            for j in range(1, checked + 1):
+                tries[j] += 1.0
+            for j in range(1, matched + 1):
+                hits[j] += 1.0
+        self.tries, self.hits, self._extra = tries, hits, None
+
+
+# ------------------------------------------------------------------------------ decision rule
+
+
+class Goodput(KPolicy):
+    """Cost-aware varK: each step, the compiled K with the most expected tokens per second.
+
+    A row with n proposals is worth ``1 + extra[min(n, K)]`` tokens (:class:`AcceptanceEstimator`);
+    a step costs :meth:`StepCostModel.step_cost`. The rule picks ``argmax_K tokens(K) / cost(K)``,
+    ties to the smaller K, truncating proposals longer than K. Three refinements, each tested in
+    tests/plugins/test_k_policy.py:
+
+    * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
+      leave and again to come back, shared over the steps a run of proposals is expected to
+      last (``1 / (1 - run_on)``); a step without proposals stays or takes a cheaper K
+      (:meth:`StepCostModel.detour_cost`). Leaving K = 0 must win by ``margin``.
+    * Static batches: when no request waits for a slot a batch ends with its last row, so a
+      row's tokens weigh ``exp(-(most - left) / horizon)``.
+    * Skipping the proposer: before it runs, ``propose_budget`` asks whether full-length
+      proposals from the rows that usually propose, paying the proposer too, beat K = 0; once
+      the estimate is settled, if not, the proposer is skipped, except for a peek every
+      ``peek_every`` steps (about ``peek_share`` of the run) that keeps the estimate current.
+    """
+
+    name = "goodput"
+
+    def __init__(self, config: "GoodputConfig | None" = None):
+        self.config = config or GoodputConfig()
+        self._reset([0], 1, None)
+
+    def start(self, compiled_ks, rows, services: PolicyServices | None = None):
+        services = services or NoServices()
+        services.score_proposals()
+        self._reset(compiled_ks, rows, services.step_costs())
+
+    def _reset(self, compiled_ks, rows: int, measured: dict[int, float] | None) -> None:
+        config = self.config
+        self.ks = sorted(set(compiled_ks))
+        self.rows = rows
+        self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema)
+        self.acceptance = AcceptanceEstimator(self.ks[-1], config)
+        self._steps = 0
+        self._cheapest: int | None = None  # cached cheapest K for steps without proposals
+        self.skipping = False
+        self.since_peek = 0
+        self.peek_every = config.peek_min
+        self.left: tuple[int, ...] = ()  # tokens left per row, from the last propose_budget
+        self.waiting = 0
+        self.weights: list[float] | None = None
+        self.offered = 0.0  # share of rows with a proposal at the last choose_k
+
+    # -- the rule -------------------------------------------------------------------------------
+
+    def run_on(self) -> float:
+        return self.acceptance.run_on(len(self.left))
+
+    def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0,
+              weights: Sequence[float] | None = None, share: float = 1.0) -> dict[int, float]:
+        """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
+
+        ``share`` < 1 prices a step before the proposer has run: each row gets its proposal
+        with chance ``share``, and when no row gets one the step runs at the cheapest K. Plain
+        Python on purpose: it runs every step, for a handful of rows and K values.
+        """
+        extra = self.acceptance.expected_extra()
+        if weights is None or len(weights) != len(proposal_counts):
+            weights = [1.0] * len(proposal_counts)
+        base = sum(weights)
+        costs = {k: self.costs.step_cost(k) for k in self.ks}
+        low = min(costs, key=lambda k: (costs[k], k))
+        low_cost = costs[low]
+        some = any_proposes(share, len(proposal_counts))
+        if self.costs.last_k == low:
+            # Leaving the cheapest K costs the switch penalty now and again when proposals run
+            # out; each step of the run they are expected to last carries its share of both.
+            for k in self.ks:
+                if k != low:
+                    costs[k] += 2.0 * (1.0 - self.run_on()) * self.costs.penalty_s
+        out = {}
+        for k in self.ks:
+            tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
+            cost = costs[k]
+            if k != low:
+                cost = some * cost + (1.0 - some) * low_cost + extra_propose_s
+            out[k] = tokens / max(cost, 1e-9)
+        return out
+
+    def row_weights(self) -> list[float] | None:
+        """How much each row's tokens count this step (None: all alike); see the class docstring."""
+        if self.weights is None and not self.waiting and self.left:
+            most = max(self.left)
+            if most > 0:
+                self.weights = [math.exp((n - most) / self.config.horizon) for n in self.left]
+        return self.weights
+
+    def best(self, rates: dict[int, float]) -> int:
+        """The K of the highest rate (ties to the smaller K); leaving K = 0 must win by ``margin``."""
+        if 0 in rates and self.costs.last_k in (0, None):
+            floor = rates[0] * (1.0 + self.config.margin)
+            rates = {k: r for k, r in rates.items() if k == 0 or r > floor}
+        return max(rates, key=lambda k: (rates[k], -k))
+
+    # -- the KPolicy protocol -----------------------------------------------------------------
+
+    def propose_budget(self, k_max, step):
+        self.left = step.tokens_left
+        self.weights = None
+        self.waiting = step.waiting
+        if 0 not in self.ks:
+            return k_max
+        self.since_peek += 1
+        peek = self.since_peek >= self.peek_every
+        if peek:
+            self.since_peek = 0
+        elif self.skipping:
+            return 0
+        # What full-length proposals could bring from the rows that usually propose, paying
+        # the proposer as well.
+        full = [self.ks[-1]] * len(self.left)
+        best = self.best(self.rates(full, self.costs.propose_s or 0.0, self.row_weights(),
+                                    share=self.acceptance.yield_rate))
+        settled = self.acceptance.settled()
+        self.skipping = best == 0 and settled
+        return k_max if peek or not settled else min(k_max, best)
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        if compiled_ks != self.ks:
+            ks = sorted(set(compiled_ks))
+            if not ks:
+                raise ValueError("no compiled K to choose from")
+            if ks != self.ks:
+                self._reset(ks, max(self.rows, len(proposal_counts)), None)
+        self.offered = sum(1 for n in proposal_counts if n) / max(len(proposal_counts), 1)
+        if not self.offered:  # every K returns one token per row: the cheapest wins
+            if self._cheapest is None:
+                back = any_proposes(self.acceptance.yield_rate, max(len(self.left), 1))
+                self._cheapest = min(self.ks, key=lambda k: (self.costs.detour_cost(k, back), k))
+            return self._cheapest
+        return self.best(self.rates(proposal_counts, weights=self.row_weights()))
+
+    def observe(self, outcome):
+        k = outcome.k
+        if k != self.costs.last_k or self._steps % 16 == 0:
+            self._cheapest = None  # the cheapest K depends on the last K and drifts slowly
+        self._steps += 1
+        self.costs.observe(k, outcome.verify_s, outcome.host_s, outcome.propose_s)
+        if outcome.propose_s > 0:
+            self.acceptance.observe_call(self.offered)
+            # A peek costs the proposer and about a step's host work (scoring, estimates).
+            low, host = self.ks[0], self.costs.host_s
+            peek_s = self.costs.propose_s + (host[low] or 0.0)
+            every = peek_s / max(self.config.peek_share * (self.costs.verify_s[low] + (host[low] or 0.0)), 1e-9)
+            self.peek_every = int(min(max(every, self.config.peek_min), self.config.peek_max))
+        else:
+            self.acceptance.observe_no_call()
+        self.acceptance.observe_scored(outcome.scored)
