@@ -186,6 +186,8 @@ class Session(Protocol):
 
     # Optional: ``outputs() -> dict[str, np.ndarray]``, the extra outputs of the last run
     # (e.g. "hidden_states"), valid until the next run. Logits come from ``run``.
+    # Optional: ``runtime_facts() -> dict``, what the session really runs with (e.g. the
+    # threads in effect), recorded in the run report's generate stage as ``detail.runtime``.
 
 
 class Backend:

@@ -84,6 +84,10 @@ def test_speculation_actually_happens(pm, tmp_path, models, out_root):
     state = run(pm, path)
     rows = [row for r in state.records if r["kind"] == "step" for row in r["rows"]]
     assert sum(row["accepted"] for row in rows) > len(rows)  # well above one per step
+    runtime = state.stages["generate"].detail["runtime"]  # what the session really ran with
+    assert runtime["threads_effective"] >= 1 and runtime["execution_provider"] == "cpu"
+    report = json.loads((state.run_dir / "report.json").read_text())
+    assert next(s for s in report["stages"] if s["name"] == "generate")["detail"]["runtime"] == runtime
 
 
 def test_max_new_tokens_inside_accepted_draft_stops_exactly(pm, tmp_path, models, out_root):

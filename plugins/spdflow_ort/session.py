@@ -17,6 +17,7 @@ the one session serves every CCL.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -45,27 +46,52 @@ class _Shape:
     ccl_input: np.ndarray | None = None  # comp_ctx_lengths [CCL] of CCL shapes
 
 
-_SHARED_POOL_MADE = False  # True once this process made ORT's global pool
-
-
-def shared_pool(threads: int | None) -> bool:
-    """Make (once) and use the process-wide ORT thread pool; False where ORT has none.
+class OrtEnvironment:
+    """ONNX Runtime's process-wide state as one object: its shared intra-op thread pool.
 
     Static specializations (and draft + target) alternate every decode step. With a pool per
     session each switch wakes another set of threads; one pool for the whole process made a
     step 1.2-1.8x faster on the 2-core bench machine (benchmarks/README.md, "Thread pools").
-    ORT sizes the global pool once, and once it exists every session must use it: the first
-    session of the process decides the thread count (``threads``, or all cores).
+    ORT sizes that pool once per process, and once it exists every session must use it: the
+    first session decides the thread count. A later session asking for another count runs on
+    the pool that exists; this object knows that, so a session reports the threads it really
+    has (:meth:`describe`, in the run report's generate stage), not only what its recipe asked.
+    There is one per process (:data:`ENVIRONMENT`), handed to each session explicitly.
     """
-    global _SHARED_POOL_MADE
-    import onnxruntime as ort
 
-    if not hasattr(ort, "set_global_thread_pool_sizes"):
-        return False
-    if not _SHARED_POOL_MADE:
-        ort.set_global_thread_pool_sizes(int(threads or 0), 1)
-        _SHARED_POOL_MADE = True
-    return True
+    def __init__(self):
+        #: threads of the shared pool once made (0: ORT's default, every core); None: not made
+        self.pool_threads: int | None = None
+
+    def shared_pool(self, threads: int | None) -> bool:
+        """Make (once) and use the shared pool; False where ORT has none (per-session pools)."""
+        import onnxruntime as ort
+
+        if not hasattr(ort, "set_global_thread_pool_sizes"):
+            return False
+        if self.pool_threads is None:
+            ort.set_global_thread_pool_sizes(int(threads or 0), 1)
+            self.pool_threads = int(threads or 0)
+        return True
+
+    def describe(self, requested: int | None, shared: bool) -> dict:
+        """The thread pool a session asking for ``requested`` threads really runs on."""
+        pool = self.pool_threads if shared and self.pool_threads is not None else int(requested or 0)
+        facts = {"thread_pool": "shared" if shared else "per_session", "threads_requested": requested,
+                 "threads_effective": pool or os.cpu_count()}
+        if shared and requested and pool and requested != pool:
+            facts["note"] = (f"this process's shared ORT thread pool was made with {pool} threads by an earlier "
+                             f"session; {requested} were asked for")
+        return facts
+
+
+#: the one per process: ORT's thread pool is process-wide
+ENVIRONMENT = OrtEnvironment()
+
+
+def shared_pool(threads: int | None) -> bool:
+    """:meth:`OrtEnvironment.shared_pool` of this process's :data:`ENVIRONMENT`."""
+    return ENVIRONMENT.shared_pool(threads)
 
 
 def session_options(threads: int | None, *, shared: bool = True):
@@ -147,6 +173,9 @@ class OrtSession:
         self.device = "cuda" if execution_provider == "cuda" else "cpu"
         providers = providers_for(execution_provider)
         options = session_options(threads, shared=shared_threads)
+        self.threads_requested = threads
+        self.shared_threads = not options.use_per_session_threads
+        self.execution_provider = execution_provider
 
         self.input_names = list(self.manifest["inputs"])
         self.kv_inputs = [n for n in self.input_names if n.startswith("past_")]
@@ -337,6 +366,12 @@ class OrtSession:
         if self.device != "cpu":
             for name, value in self.kv_values.items():
                 value.update_inplace(self.kv[name])
+
+    def runtime_facts(self) -> dict:
+        """What this session runs with: its thread pool and the threads in effect (see
+        :class:`OrtEnvironment`), execution provider and mode; recorded in the run report."""
+        return {**ENVIRONMENT.describe(self.threads_requested, self.shared_threads),
+                "execution_provider": self.execution_provider, "session_mode": self.mode}
 
     def close(self) -> None:
         """Release the sessions and the KV cache."""

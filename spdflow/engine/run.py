@@ -456,6 +456,8 @@ class Engine:
         try:
             prepared = self.prepare_generation(program, info)
             tokenizer, requests, session = prepared.tokenizer, prepared.requests, prepared.session
+            if callable(getattr(session, "runtime_facts", None)):
+                stage.detail["runtime"] = session.runtime_facts()
             sampling, config = prepared.sampling, prepared.config
             acceptor = self.make_acceptor()
             policy = make_k_policy(self.pm, recipe.k_policy.uses, recipe.k_policy.with_)

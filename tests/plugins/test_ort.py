@@ -321,3 +321,17 @@ def test_cuda_when_missing_is_backend_unavailable(models):
         pytest.skip("CUDA is available here")
     with pytest.raises(BackendUnavailableError, match="CUDAExecutionProvider"):
         models().session(execution_provider="cuda")
+
+
+def test_the_environment_reports_the_threads_a_session_really_runs_on():
+    import os
+
+    from spdflow_ort.session import OrtEnvironment
+
+    env = OrtEnvironment()
+    assert env.describe(3, False) == {"thread_pool": "per_session", "threads_requested": 3, "threads_effective": 3}
+    assert env.describe(None, False)["threads_effective"] == os.cpu_count()
+    env.pool_threads = 2  # an earlier session made the shared pool with 2 threads
+    facts = env.describe(1, True)
+    assert facts["threads_effective"] == 2 and "made with 2 threads" in facts["note"] and "1 were asked" in facts["note"]
+    assert "note" not in env.describe(2, True) and "note" not in env.describe(None, True)
