@@ -225,15 +225,20 @@ def lint(paths, overrides, fmt, strict, exclude, select, ignore, recipe_glob, re
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file instead of stdout.")
 @click.option("--sweep", "for_sweep", is_flag=True,
               help="The sweep file's schema instead (its inline base refers to recipe.schema.json beside it).")
-def schema(output, for_sweep):
+@click.option("--with-fields", is_flag=True,
+              help="Markdown tables of the built-in plugins' with: settings instead (README's recipe reference).")
+def schema(output, for_sweep, with_fields):
     """Print the recipe's JSON Schema, including every installed plugin's config.
 
     Use it from an editor with a first line `# yaml-language-server: $schema=<file>`.
     """
-    from spdflow.recipe.jsonschema import recipe_json_schema
+    from spdflow.recipe.jsonschema import recipe_json_schema, with_fields_markdown
     from spdflow.sweep.spec import sweep_json_schema
 
-    text = json.dumps(sweep_json_schema() if for_sweep else recipe_json_schema(_pm()), indent=2)
+    if with_fields:
+        text = with_fields_markdown(_pm()).rstrip("\n")
+    else:
+        text = json.dumps(sweep_json_schema() if for_sweep else recipe_json_schema(_pm()), indent=2)
     if output:
         from spdflow.files import write_text_atomic
 

@@ -86,3 +86,19 @@ def test_architecture_lists_every_top_level_module_of_the_core():
     for name in ("api.py", "hookspecs.py", "plugins.py", "errors.py", "files.py", "engine/run.py",
                  "engine/generate.py", "report/metrics.py", "report/model.py"):
         assert f"`spdflow/{name}`" in text, name
+
+
+# ------------------------------------------------------------------------------ README: with: fields
+
+
+def test_readme_lists_every_builtin_plugins_with_fields_as_the_schema_says():
+    from spdflow.recipe.jsonschema import with_fields_markdown
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    begin, end = "<!-- BEGIN with-fields -->\n", "<!-- END with-fields -->"
+    committed = text[text.index(begin) + len(begin):text.index(end)]
+    generated = with_fields_markdown(get_plugin_manager())
+    assert committed == generated, "regenerate: spdflow schema --with-fields (between the with-fields markers)"
+    for needle in ("`onnxruntime` | `threads`", "`qaic` | `num_cores`", "`goodput` | `margin`",
+                   "`prompt_lookup` | `prompt_lookup_max`"):
+        assert needle in generated

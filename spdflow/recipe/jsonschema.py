@@ -51,3 +51,67 @@ def _config_schema(model, defs: dict) -> dict:
     for key, value in sub.pop("$defs", {}).items():
         defs.setdefault(key, value)
     return sub
+
+
+#: kind -> (the recipe key its ``with:`` block sits under, what to call one) for the README's tables
+_WITH_KEYS = {"backend": ("devices.with", "backend"), "proposer": ("proposer.with", "proposer"),
+              "k_policy": ("k_policy.with", "K policy")}
+
+
+def with_fields_markdown(pm, distribution: str | None = "spdflow") -> str:
+    """The README's tables of every plugin's ``with:`` fields, generated from
+    :func:`recipe_json_schema` (name, type, default, description), one table per kind.
+
+    ``distribution`` keeps the plugins of that distribution only (the built-ins by default, so
+    the README does not change with what else is installed); None keeps all.
+    """
+    schema = recipe_json_schema(pm)
+    defs = schema["$defs"]
+    registry = pm.registry()
+    lines: list[str] = []
+    for kind, (key, label) in _WITH_KEYS.items():
+        rows = []
+        for name in sorted(registry[kind]):
+            registration = registry[kind][name]
+            info = pm.infos.get(registration.plugin)
+            if registration.name != name or registration.config is None:
+                continue  # an alias, or a plugin without settings
+            if distribution is not None and (info is None or info.distribution != distribution):
+                continue
+            config = defs[f"{kind}_{name}_config"]
+            required = set(config.get("required", []))
+            for field, spec in config.get("properties", {}).items():
+                default = "required" if field in required else _default_text(spec)
+                rows.append(f"| `{name}` | `{field}` | {_type_text(spec)} | {default} | "
+                            f"{_cell(spec.get('description', ''))} |")
+        if rows:
+            lines += [f"`{key}` ({label} settings):", "",
+                      f"| {label} | field | type | default | meaning |", "|---|---|---|---|---|", *rows, ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _type_text(spec: dict) -> str:
+    if "enum" in spec:
+        return " or ".join(f"`{v}`" for v in spec["enum"])
+    if "const" in spec:
+        return f"`{spec['const']}`"
+    if "anyOf" in spec:
+        return " or ".join(_type_text(s) for s in spec["anyOf"])
+    if "$ref" in spec:
+        return spec["$ref"].rsplit("/", 1)[-1]
+    kind = spec.get("type", "any")
+    if kind == "array" and isinstance(spec.get("items"), dict):
+        return f"list of {_type_text(spec['items'])}"
+    return str(kind)
+
+
+def _default_text(spec: dict) -> str:
+    """The default as JSON (what a recipe would write); "—" for none or one computed per recipe."""
+    import json
+
+    value = spec.get("default")
+    return "—" if value is None else f"`{json.dumps(value)}`"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
