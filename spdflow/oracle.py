@@ -124,13 +124,12 @@ def oracle(pm, run, cost: CostModel, ks: list[int] | None = None) -> tuple[Oracl
     engine = Engine(pm, run.loaded, RunOptions(), NullUI())
     from spdflow.api import Sampling
 
-    proposer = engine._make_proposer(info, Sampling(0.0, None, None), dict(run.outputs))
+    proposer = engine.make_proposer(info, Sampling(0.0, None, None), dict(run.outputs))
     try:
         lengths, seconds, calls = match_lengths(pm, run, proposer, max(ks))
     finally:
         proposer.close()
-        for opened in engine._sessions:
-            opened.close()
+        engine.close_sessions()
     total, steps, usage, schedules = 0.0, 0, {}, {}
     for request in run.requests:
         n = len(run.outputs[request.index])
