@@ -306,6 +306,22 @@ def pass_result(mode: str, batch_size: int, tokens: dict[int, list[int]], second
             "engine": engine}
 
 
+def timed_pass(mode: str, prompts: list[list[int]], generate, engine: str) -> dict:
+    """One batch-1 pass over ``prompts``: ``generate(prompt)`` returns (new tokens, the time the
+    first one arrived); seconds are summed and TPOT taken per prompt after its first token."""
+    tokens: dict[int, list[int]] = {}
+    seconds, tpots = 0.0, []
+    for index, prompt in enumerate(prompts):
+        start = time.perf_counter()
+        new, first = generate(prompt)
+        end = time.perf_counter()
+        seconds += end - start
+        if first is not None and len(new) > 1:
+            tpots.append((end - first) / (len(new) - 1))
+        tokens[index] = new
+    return pass_result(mode, 1, tokens, seconds, tpots, engine)
+
+
 class HFDriver:
     """transformers ``generate``: greedy at the bench's batch size; prompt lookup and assisted
     generation at batch 1 (as HF runs them)."""

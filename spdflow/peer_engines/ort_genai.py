@@ -89,16 +89,7 @@ class Driver:
         return tokens, first
 
     def run(self, mode: str) -> dict:
-        from spdflow.peers import pass_result
+        from spdflow.peers import timed_pass
 
-        tokens: dict[int, list[int]] = {}
-        seconds, tpots = 0.0, []
-        for index, prompt in enumerate(self.job["prompts"]):
-            start = time.perf_counter()
-            new, first = self._generate(prompt, self.job["max_new_tokens"])
-            end = time.perf_counter()
-            seconds += end - start
-            if first is not None and len(new) > 1:
-                tpots.append((end - first) / (len(new) - 1))
-            tokens[index] = new
-        return pass_result(mode, 1, tokens, seconds, tpots, self.engine)
+        max_new = self.job["max_new_tokens"]
+        return timed_pass(mode, self.job["prompts"], lambda p: self._generate(p, max_new), self.engine)
