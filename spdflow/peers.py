@@ -38,10 +38,11 @@ from typing import Any
 
 def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> dict[str, Any]:
     """The JSON job the child runs: model dirs, prompt ids, generation settings, which peers."""
-    from spdflow.models import resolve_model_dir
+    from spdflow.models import locate_model, prepare_model_dir
 
-    model_dir = resolve_model_dir(recipe.model.id, loaded.base_dir, recipe.model.revision,
-                                  allow_outside=loaded.allow_outside_paths)
+    located = locate_model(recipe.model.id, loaded.base_dir, recipe.model.revision,
+                           allow_outside=loaded.allow_outside_paths)
+    model_dir, _ = prepare_model_dir(located, recipe.model.dtype, recipe.output_dir())  # the run's own conversion
     proposer = recipe.proposer
     uses = proposer.uses if proposer is not None else None
     config = loaded.proposer_config
@@ -50,7 +51,9 @@ def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> d
     if batch_size == 1 and uses == "prompt_lookup":
         modes.append("hf_prompt_lookup")
     if batch_size == 1 and uses == "draft_model":
-        draft_dir = str(resolve_model_dir(config.model, loaded.base_dir, allow_outside=loaded.allow_outside_paths))
+        draft_dir = str(prepare_model_dir(locate_model(config.model, loaded.base_dir, key="proposer.with.model",
+                                                       allow_outside=loaded.allow_outside_paths),
+                                          recipe.model.dtype, recipe.output_dir())[0])
         modes.append("hf_assisted")
     return {
         "model_dir": str(model_dir), "draft_dir": draft_dir, "modes": modes,

@@ -41,11 +41,11 @@ class PreflightContext:
 
     def model_dir(self, model_id: str, revision: str | None = None) -> Path | None:
         """The model's local directory, or None when it is not on this machine (cached)."""
-        from spdflow.models import resolve_model_dir
+        from spdflow.models import locate_model
 
         if model_id not in self.model_dirs:
             try:
-                self.model_dirs[model_id] = resolve_model_dir(model_id, self.loaded.base_dir, revision,
+                self.model_dirs[model_id] = locate_model(model_id, self.loaded.base_dir, revision,
                                                               allow_outside=True)  # SPD112 reports where it is
             except SpdflowError:
                 self.model_dirs[model_id] = None
@@ -76,7 +76,7 @@ def proposer_model_ids(loaded: LoadedRecipe) -> list[tuple[str, tuple]]:
 
 def check_models(ctx: PreflightContext) -> list[Finding]:
     """SPD111: the target model and a proposer's model are on this machine (spdflow never downloads)."""
-    from spdflow.models import resolve_model_dir
+    from spdflow.models import locate_model
 
     recipe = ctx.loaded.recipe
     wanted = [(("model", "id"), "model.id", recipe.model.id, recipe.model.revision)]
@@ -84,7 +84,7 @@ def check_models(ctx: PreflightContext) -> list[Finding]:
     findings = []
     for path, key, model_id, revision in wanted:
         try:
-            ctx.model_dirs[model_id] = resolve_model_dir(model_id, ctx.loaded.base_dir, revision, key=key,
+            ctx.model_dirs[model_id] = locate_model(model_id, ctx.loaded.base_dir, revision, key=key,
                                                          allow_outside=True)  # SPD112 reports where it is
         except SpdflowError as exc:
             ctx.model_dirs[model_id] = None
@@ -180,6 +180,8 @@ def _target_tokenizer(ctx: PreflightContext):
     model_dir = ctx.model_dir(recipe.model.id, recipe.model.revision)
     if model_dir is None:
         return None, None
+    if model_dir.is_file():  # a GGUF file: its tokenizer is read when the run converts it
+        return None, f"the tokenizer is inside the GGUF file '{model_dir.name}' (read when the run converts it)"
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         return None, f"no tokenizer.json in '{model_dir}'"
@@ -223,6 +225,7 @@ def check_paths(ctx: PreflightContext) -> list[Finding]:
     ``spdflow run`` refuses such a recipe unless ``--allow-outside-paths``; lint warns so a
     reviewer sees a recipe that would read files from elsewhere (e.g. secrets in CI)."""
     from spdflow import zoo
+    from spdflow.models import PKG_PREFIX, is_gguf
 
     recipe, base = ctx.loaded.recipe, ctx.loaded.base_dir
     named = [(("model", "id"), "model.id", recipe.model.id)]
@@ -233,8 +236,9 @@ def check_paths(ctx: PreflightContext) -> list[Finding]:
         named.append((("workload", "file"), "workload.file", str(recipe.workload.file), False))
     findings = []
     for path, key, value, is_model in named:
-        if is_model and (value.startswith(zoo.PREFIX) or not (base / Path(value).expanduser()).is_dir()):
-            continue  # embedded, or a hub id in the local HF cache: not a path of the recipe
+        local = base / Path(value).expanduser()
+        if is_model and (value.startswith((zoo.PREFIX, PKG_PREFIX)) or not (local.is_dir() or is_gguf(local))):
+            continue  # embedded, installed in a package, or a hub id in the local HF cache: not a path of the recipe
         outside = outside_recipe(base / Path(value).expanduser(), base)
         if outside is not None:
             findings.append(ctx.finding(path, "SPD112", f"{key} '{value}' resolves to '{outside}', outside the recipe's folder",

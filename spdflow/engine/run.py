@@ -218,16 +218,23 @@ class Engine:
                ccl: bool = False) -> tuple[Path, ModelInfo, str, bool, str]:
         """Export one model (cached); returns (onnx path, model info, key, cached, reason).
         ``ccl`` exports the graph with the ``comp_ctx_lengths`` input."""
-        from spdflow.models import resolve_model_dir
-
         cb = self.recipe.specialization.full_batch_size is not None
-        model_dir = resolve_model_dir(model.id, self.loaded.base_dir, model.revision,
-                                      key="model.id" if role == "target" else "proposer.with.model",
-                                      allow_outside=self.loaded.allow_outside_paths)
+        model_dir = self.model_dir(model, role)
         key = export_key(self.pm, model, model_dir, role, cb, outputs, ccl)
         target = self.export_root() / f"{role}-{key[:16]}"
         with cache.build_lock(target):  # runs sharing a cache dir export each model once
             return self._export_locked(model, model_dir, role, cb, key, target, outputs, ccl)
+
+    def model_dir(self, model: ModelSpec, role: str) -> Path:
+        """The model's Hugging Face folder; a GGUF file is converted once (cached beside the exports)."""
+        from spdflow.models import locate_model, prepare_model_dir
+
+        located = locate_model(model.id, self.loaded.base_dir, model.revision,
+                               key="model.id" if role == "target" else "proposer.with.model",
+                               allow_outside=self.loaded.allow_outside_paths)
+        model_dir, _cached = prepare_model_dir(located, model.dtype, Path(self.options.cache_dir or self.run_dir),
+                                               progress=self.ui.message, force=should_force("export", self.options))
+        return model_dir
 
     def export_root(self) -> Path:
         """The folder of exported models: the shared cache dir's, else the run dir's."""
@@ -317,7 +324,7 @@ class Engine:
         """--dry-run's account of one program: its shapes, and its directory and exact compile
         command as far as they are known before export (the qpc-<hash> of a graph that is not
         exported yet is shown as such)."""
-        from spdflow.models import resolve_model_dir
+        from spdflow.models import converted_dir, is_gguf, locate_model
 
         shapes = specializations_for(self.pm, self.recipe, plan.k_list, plan.devices)
         ccl = any(s.comp_ctx_lengths is not None for s in shapes)
@@ -327,8 +334,12 @@ class Engine:
         lines += ["    " + f"{s.kind:8} " + " ".join(f"{k}={v}" for k, v in s.symbols().items()) for s in shapes]
         cb = self.recipe.specialization.full_batch_size is not None
         try:
-            model_dir = resolve_model_dir(plan.model.id, self.loaded.base_dir, plan.model.revision,
-                                          allow_outside=self.loaded.allow_outside_paths)
+            model_dir = locate_model(plan.model.id, self.loaded.base_dir, plan.model.revision,
+                                     allow_outside=self.loaded.allow_outside_paths)
+            if is_gguf(model_dir):
+                model_dir = converted_dir(model_dir, plan.model.dtype, Path(self.options.cache_dir or self.run_dir))
+                if not cache.read_done(model_dir)[0]:
+                    return lines + [f"  compile: known once the GGUF file is converted to {model_dir} (the first run does it)"]
             outputs = self.target_outputs() if plan.role == "target" else ()
             key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs, ccl)
         except SpdflowError:

@@ -14,14 +14,14 @@ TINY_VOCAB = 4096
 #: Token ids the embedded models use (``<|endoftext|>`` and ``<|pad|>``).
 EOS_ID, PAD_ID = 0, 1
 
-_ARCHS = ("llama", "qwen2", "qwen3")
+_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def _config(arch: str, **shape):
     """A transformers config for ``arch`` with the given shape fields."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}
     if arch not in classes:
         raise ValueError(f"unknown tiny-model architecture {arch!r}; choose one of {', '.join(_ARCHS)}")
     common = dict(
@@ -34,7 +34,7 @@ def _config(arch: str, **shape):
     if arch == "qwen2":
         # Qwen2's signature detail: biases on q/k/v; keep it so the export covers it.
         common["attention_bias"] = True
-    return classes[arch](**common, **shape)
+    return classes[arch](**{**common, **shape})
 
 
 def _save_random_model(path: Path, config, seed: int) -> Path:
@@ -68,8 +68,12 @@ def make_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     max_position_embeddings: int = 512,
+    **config_fields,
 ) -> Path:
-    """Save a random-init causal LM of ``arch`` ("llama", "qwen2" or "qwen3") to ``path``.
+    """Save a random-init causal LM of ``arch`` ("llama", "qwen2", "qwen3" or "mistral") to ``path``.
+
+    ``config_fields`` go into the config as they are (``tie_word_embeddings=True``,
+    ``rope_scaling={...}``, ``sliding_window=...``).
 
     The vocabulary (4096) and tokenizer files are those of the embedded ``tinycode-target``,
     with eos id 0 and pad id 1 like the zoo, so a tiny model runs end to end on text prompts.
@@ -88,6 +92,7 @@ def make_tiny_model(
         num_key_value_heads=num_kv_heads,
         head_dim=hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
+        **config_fields,
     )
     _save_random_model(path, config, seed)
     source = zoo_path("tinycode-target")
