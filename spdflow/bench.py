@@ -226,6 +226,7 @@ class BatchBench:
         prepared = self.engine.prepare_generation(program, self.info)
         self.tokenizer, self.requests, self.session = prepared.tokenizer, prepared.requests, prepared.session
         self.sampling, self.config = prepared.sampling, prepared.config
+        self.info = prepared.info  # with a chat template's end-of-turn ids among the EOS ids
         self.nospec_config = dataclasses.replace(self.config, k_list=[0])
 
     def close(self) -> None:

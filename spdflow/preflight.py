@@ -159,9 +159,19 @@ def check_prompts(ctx: PreflightContext) -> list[Finding]:
         findings.append(ctx.finding(source.path, "SPD110", f"prompt lengths not checked against ctx_len: {why_not}",
                                     "they are checked when the run starts, before generation", severity="info"))
         return findings
-    ctx_len = ctx.loaded.recipe.specialization.ctx_len
-    for index, (text, where) in enumerate(zip(source.prompts, source.where)):
-        problem = prompt_problem(index, len(tokenizer.encode(text).ids), ctx_len)
+    from spdflow.chat import PromptRenderer, chat_setting
+
+    recipe = ctx.loaded.recipe
+    renderer = PromptRenderer(tokenizer, ctx.model_dir(recipe.model.id, recipe.model.revision),
+                              chat_setting(workload, ctx.pm), f"model '{recipe.model.id}'")
+    try:
+        renderer.check(source.prompts)
+        lengths = [len(renderer.render(p).ids) for p in source.prompts]
+    except SpdflowError as exc:
+        return findings + [ctx.finding(source.path, "SPD109", exc.message, exc.hint)]
+    ctx_len = recipe.specialization.ctx_len
+    for index, (length, where) in enumerate(zip(lengths, source.where)):
+        problem = prompt_problem(index, length, ctx_len)
         if problem is not None:
             message, hint = problem
             path = source.path + (index,) if source.path == ("workload", "prompts") else source.path

@@ -10,8 +10,8 @@ from spdflow.recipe.schema import WorkloadSpec
 MAX_PROMPT_FILE_BYTES = 16 * 1024 * 1024
 
 
-def load_prompts(workload: WorkloadSpec, base_dir: Path, pm, *, allow_outside: bool = False) -> list[str]:
-    """The workload's prompt texts, at most ``workload.count`` of them. ``workload.file`` must lie
+def load_prompts(workload: WorkloadSpec, base_dir: Path, pm, *, allow_outside: bool = False) -> list:
+    """The workload's prompts (text, or a chat: a list of messages), at most ``workload.count`` of them. ``workload.file`` must lie
     inside ``base_dir`` (the recipe's folder) unless ``allow_outside``."""
     from spdflow.recipe.paths import confine
 
@@ -29,12 +29,13 @@ def load_prompts(workload: WorkloadSpec, base_dir: Path, pm, *, allow_outside: b
     return prompts
 
 
-def read_prompt_file(path: Path) -> list[str]:
-    """One prompt per non-empty line (.txt) or per JSON object with a 'prompt' key (.jsonl)."""
+def read_prompt_file(path: Path) -> list:
+    """One prompt per non-empty line (.txt) or per JSON object (.jsonl) with a 'prompt' key (text)
+    or a 'messages' key (a chat: [{"role": ..., "content": ...}, ...])."""
     return [text for _, text in read_prompt_file_lines(path)]
 
 
-def read_prompt_file_lines(path: Path) -> list[tuple[int, str]]:
+def read_prompt_file_lines(path: Path) -> list[tuple[int, object]]:
     """Like :func:`read_prompt_file`, with each prompt's line number; one sentence per problem."""
     if not path.exists():
         raise RecipeError(f"prompt file '{path}' does not exist", hint="paths are relative to the recipe's folder")
@@ -63,8 +64,14 @@ def read_prompt_file_lines(path: Path) -> list[tuple[int, str]]:
                 continue
             try:
                 item = json.loads(line)
+                if isinstance(item, dict) and "messages" in item:
+                    from spdflow.chat import check_messages
+
+                    prompts.append((number, check_messages(item["messages"], f"{path}:{number}")))
+                    continue
                 prompts.append((number, str(item["prompt"])))
             except (ValueError, KeyError, TypeError):
-                raise RecipeError(f"{path}:{number}: each line must be a JSON object with a 'prompt' key") from None
+                raise RecipeError(f"{path}:{number}: each line must be a JSON object with a 'prompt' key "
+                                  "or a 'messages' list") from None
         return prompts
     return [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]

@@ -1,4 +1,8 @@
-"""Built-in prompt sets: ``code``, ``rare`` and ``chat`` (the recipe's ``workload.builtin``).
+"""Built-in prompt sets: ``code``, ``rare``, ``chat``, ``edit`` and ``qa`` (the recipe's ``workload.builtin``).
+
+``chat``, ``edit`` and ``qa`` are for instruct models: their factories carry ``chat = True``, so
+the run renders them with the model's chat template (``spdflow.chat``) unless ``workload.chat: false``;
+``edit`` and ``qa`` return chats (lists of messages), the others plain text.
 
 Every factory is ``factory(count, seed) -> list[str]``: deterministic for a given (count, seed),
 offline, and fast (the stdlib scan behind ``code`` is done once per process). When ``count``
@@ -275,8 +279,119 @@ def chat_workload(count: int, seed: int) -> list[str]:
     return _seeded_pick(CHAT_PROMPTS, count, seed)
 
 
+# ------------------------------------------------------------------------------------------
+# edit and qa: chat workloads for instruct models (rendered with the model's chat template)
+
+#: Whole functions an ``edit`` prompt quotes: at most this many lines and zoo tokens.
+EDIT_MAX_LINES = 24
+EDIT_MIN_LINES = 6
+EDIT_MAX_TOKENS = 400
+
+EDIT_INSTRUCTIONS = (
+    "Add type hints to this Python function. Reply with the complete function only.",
+    "Rename the local variables of this Python function to clearer names. Reply with the complete function only.",
+    "Add a short comment above each block of this Python function. Reply with the complete function only.",
+    "Rewrite this Python function so it follows PEP 8. Reply with the complete function only.",
+)
+
+QA_QUESTIONS = (
+    "What is the module described in this passage for?",
+    "Which functions, classes or objects does this passage mention? Answer with a short list.",
+    "Explain this passage to a beginner in three sentences.",
+    "What limitations or caveats does this passage mention, if any?",
+)
+#: Module docstrings a ``qa`` passage uses: at least this many words, cut to at most QA_MAX_WORDS.
+QA_MIN_WORDS = 40
+QA_MAX_WORDS = 220
+
+
+def _whole_functions(root: Path, relative: str) -> list[tuple[str, int, str]]:
+    try:
+        source = (root / relative).read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list:
+            length = node.end_lineno - node.lineno + 1
+            if EDIT_MIN_LINES <= length <= EDIT_MAX_LINES:
+                indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip(" "))
+                text = "\n".join(_dedent(lines[node.lineno - 1:node.end_lineno], indent)).rstrip()
+                if count_tokens(text) <= EDIT_MAX_TOKENS:
+                    found.append((relative, node.lineno, text))
+    return found
+
+
+@functools.lru_cache(maxsize=2)
+def edit_candidates(root: Path | None = None) -> tuple[tuple[str, int, str], ...]:
+    """Whole short functions (6–24 lines) of the held-out stdlib modules, sorted by (path, line)."""
+    root = root or stdlib_dir()
+    files = held_out_files(root) if root.is_dir() else []
+    found = sorted(f for relative in files for f in _whole_functions(root, relative))
+    if not found:
+        raise SpdflowError(f"the 'edit' workload needs the Python standard library sources, but none were found under {root}",
+                           hint="install the full Python (not a stripped or .pyc-only build), or use another workload")
+    return tuple(found)
+
+
+def edit_workload(count: int, seed: int) -> list[list[dict]]:
+    """Chats asking an instruct model to rewrite a real stdlib function: the answer mostly copies
+    the function (prompt lookup's case)."""
+    picked = _seeded_pick(edit_candidates(), count, seed)
+    rng = random.Random(f"edit:{seed}")
+    return [[{"role": "user", "content": f"{rng.choice(EDIT_INSTRUCTIONS)}\n\n```python\n{text}\n```"}]
+            for _path, _line, text in picked]
+
+
+@functools.lru_cache(maxsize=2)
+def qa_passages(root: Path | None = None) -> tuple[tuple[str, str], ...]:
+    """(module path, docstring passage) of every stdlib module whose docstring is long enough."""
+    root = root or stdlib_dir()
+    found = []
+    for relative in sorted(p.relative_to(root).as_posix() for p in root.glob("*.py")):
+        try:
+            doc = ast.get_docstring(ast.parse((root / relative).read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        words = (doc or "").split()
+        if len(words) >= QA_MIN_WORDS:
+            paragraphs = doc.strip().split("\n\n")
+            passage, total = [], 0
+            for paragraph in paragraphs:
+                size = len(paragraph.split())
+                if passage and total + size > QA_MAX_WORDS:
+                    break
+                passage.append(paragraph.strip())
+                total += size
+            found.append((relative, "\n\n".join(passage)))
+    if not found:
+        raise SpdflowError(f"the 'qa' workload needs the Python standard library sources, but none were found under {root}",
+                           hint="install the full Python (not a stripped or .pyc-only build), or use another workload")
+    return tuple(found)
+
+
+def qa_workload(count: int, seed: int) -> list[list[dict]]:
+    """Chats asking a question over a passage (a stdlib module's docstring): open answers that
+    copy little, where speculation must not cost much."""
+    picked = _seeded_pick(qa_passages(), count, seed)
+    rng = random.Random(f"qa:{seed}")
+    return [[{"role": "user", "content": f"Read this passage.\n\n{passage}\n\n{rng.choice(QA_QUESTIONS)}"}]
+            for _path, passage in picked]
+
+
+#: Built-in sets written for instruct models: rendered with the model's chat template unless
+#: the recipe says ``workload.chat: false``.
+edit_workload.chat = True
+qa_workload.chat = True
+chat_workload.chat = True
+
+
 @hookimpl
 def spdflow_register_workloads(register):
     register("code", code_workload, description="Function openings from the stdlib modules held out of the zoo's training data.")
     register("rare", rare_workload, description="Lines of distinct English words: little for proposers to match (pair with temperature 1.0).")
     register("chat", chat_workload, description="General chat and instruction prompts for instruct models.")
+    register("edit", edit_workload, description="Chats asking to rewrite a whole stdlib function (the answer copies it).")
+    register("qa", qa_workload, description="Chats asking a question over a passage (a stdlib module's docstring).")

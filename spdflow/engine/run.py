@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,6 +60,8 @@ class PreparedGeneration:
     session: Any
     sampling: Sampling
     config: Any  # spdflow.engine.generate.LoopConfig (imported lazily: the loop pulls numpy work)
+    prompts: list = field(default_factory=list)  # as the workload gave them: text or chat messages
+    chats: list[bool] = field(default_factory=list)  # per request: rendered with the chat template
 
 
 @dataclass
@@ -304,6 +306,9 @@ class Engine:
         stage.cache_key = program.key
         stage.detail = {"qpc_dir": str(program.qpc_dir), "command": program.command, "role": role,
                         "runnable": program.runnable}
+        if getattr(program, "session_mode", None):  # onnxruntime: which session mode, and why
+            stage.detail["session_mode"] = {"mode": program.session_mode,
+                                            "why": getattr(program, "session_mode_reason", "")}
         self._end(stage, start, "cached" if program.cached else "ran", program.reason)
         self._rebuild[role] = lambda: self.compile(onnx, info, shapes, k_list, role, devices, model.dtype, force=True)
         return program, info
@@ -425,17 +430,21 @@ class Engine:
         from spdflow.workload import load_prompts
 
         recipe, workload, spec = self.recipe, self.recipe.workload, self.recipe.specialization
+        from spdflow.chat import workload_requests
+
         tokenizer = load_tokenizer(info)
         prompts = load_prompts(workload, self.loaded.base_dir, self.pm, allow_outside=self.loaded.allow_outside_paths)
-        requests = [Request(i, text, np.asarray(tokenizer.encode(text).ids, dtype=np.int64),
-                            workload.max_new_tokens, workload.seed) for i, text in enumerate(prompts)]
+        # chats rendered with the model's template; the template's end-of-turn ids join the EOS ids
+        requests, info, chats = workload_requests(workload, prompts, tokenizer, info, self.pm)
+        if any(chats):
+            self.ui.message(f"chat prompts rendered with the model's template; stop tokens {list(info.eos_token_ids)}")
         check_prompts(requests, spec.ctx_len)
         session = self.open_session(program, "target")
         sampling = Sampling(workload.temperature, workload.top_k, workload.top_p)
         config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
                             recipe.k_list(), info.eos_token_ids, info.pad_token_id, info.vocab_size,
                             sampling, workload.ignore_eos)
-        return PreparedGeneration(info, tokenizer, requests, session, sampling, config)
+        return PreparedGeneration(info, tokenizer, requests, session, sampling, config, prompts, chats)
 
     @property
     def step_costs(self):
@@ -470,6 +479,7 @@ class Engine:
             if callable(getattr(session, "runtime_facts", None)):
                 stage.detail["runtime"] = session.runtime_facts()
             sampling, config = prepared.sampling, prepared.config
+            info, prompts, chats = prepared.info, prepared.prompts, prepared.chats
             acceptor = self.make_acceptor()
             policy = make_k_policy(self.pm, recipe.k_policy.uses, recipe.k_policy.with_)
             baseline: dict[int, np.ndarray] = {}
@@ -502,7 +512,10 @@ class Engine:
             self.state.outputs = [
                 {"request": r.index, "prompt": requests[r.index].prompt, "output": tokenizer.decode(r.tokens.tolist()),
                  "prompt_tokens": requests[r.index].prompt_ids.tolist(), "tokens": r.tokens.tolist(),
-                 "stop_reason": r.stop_reason} for r in results]
+                 "stop_reason": r.stop_reason,
+                 **({"messages": prompts[r.index] if isinstance(prompts[r.index], list)
+                     else [{"role": "user", "content": prompts[r.index]}]} if chats[r.index] else {})}
+                for r in results]
             if self.options.check_lossless and proposer is not None:
                 mismatched = [r.index for r in results if not np.array_equal(r.tokens, baseline[r.index])]
                 self.state.lossless = {"checked": True, "identical": not mismatched, "mismatched_requests": mismatched,

@@ -98,11 +98,12 @@ class WorkloadSpec(Strict):
     prompts: list[str] | None = Field(None, description="Prompts given inline.")
     file: str | None = Field(
         None,
-        description="A .txt file (one prompt per line) or .jsonl file (objects with a 'prompt' key), "
+        description="A .txt file (one prompt per line) or .jsonl file (objects with a 'prompt' key, or a 'messages' chat), "
         "relative to the recipe's folder.",
     )
     builtin: str | None = Field(
-        None, description="A registered prompt set: 'code' (held-out stdlib code), 'rare', 'chat'."
+        None, description="A registered prompt set: 'code' (held-out stdlib code), 'rare', 'chat', 'edit' and 'qa' "
+        "(chats for instruct models: rewrite a stdlib function; questions over a passage)."
     )
     count: int = Field(8, ge=1, le=100000, description="How many prompts to take from the source.")
     max_new_tokens: int = Field(64, ge=1, description="Tokens to generate per prompt at most.")
@@ -111,6 +112,13 @@ class WorkloadSpec(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int = Field(0, ge=0, description="Base seed; each request derives its own.")
     ignore_eos: bool = Field(False, description="Keep generating past the EOS token.")
+    chat: bool | None = Field(
+        None,
+        description="Render prompts with the model's chat template (generation prompt added; the template's "
+        "end-of-turn tokens stop generation). Default: chats (.jsonl lines with 'messages') and the built-in "
+        "sets for instruct models (chat, edit, qa) are rendered, plain text is sent as it is; true renders plain "
+        "prompts as user messages too; false sends plain text only.",
+    )
 
 
 class Recipe(Strict):
