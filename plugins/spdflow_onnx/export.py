@@ -29,6 +29,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -45,7 +46,7 @@ from spdflow_onnx.custom_ops import (
 )
 from spdflow_onnx.speculators import SpeculatorFilesError, load_projections, project_hidden_states
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 OPSET = 17
 ONNX_NAME = "model.onnx"
 #: Extra target outputs a proposer may ask for (ExportRequest.outputs); none by default.
@@ -291,10 +292,15 @@ def load_hf_model(model_dir: Path, dtype: str = "float32"):
 
 def _check_supported_attention(config, model_dir: Path) -> None:
     """Refuse configs whose attention the wrapper would silently get wrong."""
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+    window = getattr(config, "sliding_window", None)
+    # Qwen2/Qwen3 apply the window only with use_sliding_window; Mistral whenever it is set. A
+    # window as long as the model's context never masks anything.
+    applies = getattr(config, "use_sliding_window", config.model_type == "mistral")
+    if applies and window and window < getattr(config, "max_position_embeddings", window + 1):
         raise StageError(
-            f"export: {model_dir} uses sliding-window attention, which this exporter does not "
-            "implement; set use_sliding_window to false in its config.json or use another model"
+            f"export: {model_dir} uses sliding-window attention (window {window}), which this exporter does not "
+            "implement; if ctx_len never exceeds the window, set sliding_window to null in its config.json "
+            "(use_sliding_window to false for Qwen), else use another model"
         )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
@@ -391,6 +397,8 @@ def export_model(request: ExportRequest) -> ExportResult:
 
     request.progress("writing weights as one external data file")
     proto = onnx.load(str(raw))
+    if getattr(model.config, "tie_word_embeddings", False):
+        share_tied_embedding(proto)
     add_functions(proto)
     onnx_path = work / ONNX_NAME
     onnx.save_model(
@@ -423,3 +431,69 @@ def _projections(model, model_dir: Path) -> nn.ModuleList:
         raise StageError(f"export: {exc}; the proposer asked for multi-projection logits",
                          hint="train heads with tools/train_heads.py or pick another proposer") from exc
     return heads.to(next(model.parameters()).dtype)
+
+
+# ------------------------------------------------------------------------------- tied embeddings
+
+
+def share_tied_embedding(proto) -> list[str]:
+    """Store a tied embedding once: every ``MatMul(x, W)`` whose initializer W is exactly the
+    transpose of another initializer E (the tracer folds ``lm_head.weight.T`` into a copy of the
+    embedding) becomes ``Gemm(x as 2-D, E, transB=1)`` reshaped back, and W is dropped.
+
+    Returns the names of the dropped initializers. Exact equality is checked, so an untied head
+    that happens to have the transposed shape is never touched.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    by_shape: dict[tuple, list[str]] = {}
+    for t in graph.initializer:
+        if len(t.dims) == 2:
+            by_shape.setdefault(tuple(t.dims), []).append(t.name)
+    dropped: list[str] = []
+    new_nodes = []
+    extra_inits = []
+    for node in graph.node:
+        weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
+        source = None
+        if weight in inits and len(inits[weight].dims) == 2:
+            rows, cols = inits[weight].dims
+            candidates = [n for n in by_shape.get((cols, rows), []) if n != weight]
+            if candidates:
+                w = numpy_helper.to_array(inits[weight])
+                source = next((n for n in candidates if np.array_equal(numpy_helper.to_array(inits[n]).T, w)), None)
+        if source is None:
+            new_nodes.append(node)
+            continue
+        hidden, vocab = inits[weight].dims
+        base = f"{node.name or weight}_tied"
+        consts = {
+            f"{base}_flat": np.array([-1, hidden], dtype=np.int64),
+            f"{base}_start": np.array([0], dtype=np.int64),
+            f"{base}_end": np.array([-1], dtype=np.int64),
+            f"{base}_vocab": np.array([vocab], dtype=np.int64),
+        }
+        extra_inits += [numpy_helper.from_array(v, k) for k, v in consts.items()]
+        x, y = node.input[0], node.output[0]
+        new_nodes += [
+            helper.make_node("Shape", [x], [f"{base}_shape"], name=f"{base}/Shape"),
+            helper.make_node("Slice", [f"{base}_shape", f"{base}_start", f"{base}_end"], [f"{base}_lead"],
+                             name=f"{base}/Slice"),
+            helper.make_node("Reshape", [x, f"{base}_flat"], [f"{base}_x2d"], name=f"{base}/Flatten"),
+            helper.make_node("Gemm", [f"{base}_x2d", source], [f"{base}_y2d"], name=f"{base}/Gemm", transB=1),
+            helper.make_node("Concat", [f"{base}_lead", f"{base}_vocab"], [f"{base}_yshape"], name=f"{base}/Concat",
+                             axis=0),
+            helper.make_node("Reshape", [f"{base}_y2d", f"{base}_yshape"], [y], name=f"{base}/Unflatten"),
+        ]
+        dropped.append(weight)
+    if dropped:
+        still_used = {i for n in new_nodes for i in n.input}
+        gone = [t for t in graph.initializer if t.name in dropped and t.name not in still_used]
+        for t in gone:
+            graph.initializer.remove(t)
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+        graph.initializer.extend(extra_inits)
+    return dropped

@@ -39,7 +39,7 @@ def file_digest(path: Path) -> str:
 
 def dir_digest(path: Path, patterns: tuple[str, ...] = ("*",)) -> dict[str, str]:
     """Digests of the files directly in ``path`` matching ``patterns``."""
-    files = sorted({p for pattern in patterns for p in path.glob(pattern) if p.is_file()})
+    files = sorted({p for pattern in patterns for p in path.glob(pattern) if p.is_file() and p.name != DONE_MARKER})
     return {p.name: file_digest(p) for p in files}
 
 
