@@ -18,8 +18,10 @@ class OrtConfig(CclSettings):
     execution_provider: Literal["cpu", "cuda"] = Field(
         "cpu", description="CPU, or the CUDA execution provider when installed."
     )
-    session_mode: Literal["static", "dynamic"] = Field(
-        "static",
-        description="One static-shape session per specialization (faster, default) or one dynamic "
-        "session for all (less memory).",
+    session_mode: Literal["auto", "static", "dynamic"] = Field(
+        "auto",
+        description="One static-shape session per specialization (each holds its own packed copy of the "
+        "weights), one dynamic session for all (one copy), or auto (default): static while the extra copies "
+        "stay under 256 MiB (small models, where static is faster), else dynamic. The compile stage reports "
+        "the choice.",
     )
