@@ -10,7 +10,12 @@ from spdflow.hookspecs import hookimpl
 
 @hookimpl(trylast=True)
 def spdflow_export(request):
-    """Export ``request.model_dir`` to ``request.work_dir/model.onnx`` + ``model.onnx.data``."""
+    """Export ``request.model_dir`` to ``request.work_dir/model.onnx`` + ``model.onnx.data``
+    (a large model in a child process: see :mod:`spdflow_onnx.child`)."""
+    from spdflow_onnx.child import export_in_child, wants_child
+
+    if wants_child(request.model_dir):
+        return export_in_child(request)
     from spdflow_onnx.export import export_model
 
     return export_model(request)

@@ -395,9 +395,16 @@ def export_model(request: ExportRequest) -> ExportResult:
             dynamo=False,
         )
 
+    info = model_info(model, request)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    # Free the torch model before the ONNX proto (another copy of the weights) is loaded.
+    del model, wrapper, projections
+    import gc
+
+    gc.collect()
     request.progress("writing weights as one external data file")
     proto = onnx.load(str(raw))
-    if getattr(model.config, "tie_word_embeddings", False):
+    if tied:
         share_tied_embedding(proto)
     add_functions(proto)
     onnx_path = work / ONNX_NAME
@@ -411,7 +418,6 @@ def export_model(request: ExportRequest) -> ExportResult:
     )
     del proto
     shutil.rmtree(raw_dir)
-    info = model_info(model, request)
     (work / "model_info.json").write_text(
         json.dumps(info.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )

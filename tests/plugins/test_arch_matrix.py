@@ -125,3 +125,26 @@ def test_share_tied_embedding_leaves_a_head_that_is_not_the_transpose(tmp_path):
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     ids = np.array([[1, 2, 3], [7, 0, 5]])
     np.testing.assert_allclose(session.run(None, {"ids": ids})[0], embed[ids] @ embed.T, rtol=1e-6, atol=1e-6)
+
+
+def test_export_in_a_child_process_gives_the_same_graph_and_one_sentence_errors(tmp_path, monkeypatch):
+    """Large models export in a child (SPDFLOW_EXPORT_CHILD=1 forces it here): same files and
+    model info as in-process, progress streamed, a refusal comes back as the same sentence."""
+    from spdflow_onnx.child import ENV
+
+    model_dir = make_tiny_model(tmp_path / "model", tie_word_embeddings=True)
+    here = _export(model_dir, tmp_path / "here")
+    monkeypatch.setenv(ENV, "1")
+    messages = []
+    request = ExportRequest(model=ModelSpec(id=str(model_dir)), model_dir=model_dir, role="target",
+                            continuous_batching=False, work_dir=tmp_path / "child", progress=messages.append)
+    (tmp_path / "child").mkdir()
+    child = spdflow_export(request=request)
+    assert child.model_info == here.model_info
+    assert sorted(p.name for p in child.files) == sorted(p.name for p in here.files)
+    assert (tmp_path / "child" / "model.onnx.data").read_bytes() == (tmp_path / "here" / "model.onnx.data").read_bytes()
+    assert any(m.startswith("tracing llama") for m in messages) and "child process" in messages[-1]
+    refused = make_tiny_model(tmp_path / "refused", arch="mistral", sliding_window=16)
+    with pytest.raises(StageError) as info:
+        _export(refused, tmp_path / "refused-export")
+    assert "sliding-window attention (window 16)" in info.value.message
