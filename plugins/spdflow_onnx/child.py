@@ -44,7 +44,8 @@ def export_in_child(request):
 
     job = {"model": request.model.model_dump(mode="json", by_alias=True), "model_dir": str(request.model_dir),
            "role": request.role, "continuous_batching": request.continuous_batching,
-           "work_dir": str(request.work_dir), "outputs": list(request.outputs)}
+           "work_dir": str(request.work_dir), "outputs": list(request.outputs),
+           "ccl": bool(getattr(request, "ccl", False))}
     env = dict(os.environ, **{ENV: "0"})
     proc = subprocess.Popen([sys.executable, "-m", "spdflow_onnx.child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -89,7 +90,7 @@ def _child() -> int:
     request = ExportRequest(model=ModelSpec.model_validate(job["model"]), model_dir=Path(job["model_dir"]),
                             role=job["role"], continuous_batching=job["continuous_batching"],
                             work_dir=Path(job["work_dir"]), progress=lambda m: say("progress", m.replace("\n", " ")),
-                            outputs=tuple(job["outputs"]))
+                            outputs=tuple(job["outputs"]), ccl=job["ccl"])
     try:
         result = export_model(request)
     except SpdflowError as exc:
