@@ -16,6 +16,7 @@ from spdflow.recipe.schema import ModelSpec
 from spdflow.testing.models import TINY_VOCAB, make_tiny_model
 from spdflow_onnx import spdflow_export
 from spdflow_onnx.export import load_hf_model
+from spdflow_ort.session import session_options
 
 CTX = 64
 
@@ -67,7 +68,8 @@ def test_architecture_exports_and_matches_hf(name, tmp_path):
     model_dir = make_tiny_model(tmp_path / "model", arch=arch, **fields)
     result = _export(model_dir, tmp_path / "export")
     model = load_hf_model(model_dir)
-    session = ort.InferenceSession(str(result.onnx_path), providers=["CPUExecutionProvider"])
+    # the engine's options: once a test made ORT's process-wide thread pool, every session must use it
+    session = ort.InferenceSession(str(result.onnx_path), sess_options=session_options(None))
     # positions past the scaled RoPE's original context, so scaling matters
     seq = 48
     ids = np.random.default_rng(3).integers(2, TINY_VOCAB, size=(1, seq))
@@ -122,7 +124,7 @@ def test_share_tied_embedding_leaves_a_head_that_is_not_the_transpose(tmp_path):
     proto.graph.initializer[1].CopyFrom(numpy_helper.from_array(embed.T.copy(), "W"))
     assert share_tied_embedding(proto) == ["W"]
     assert [t.name for t in proto.graph.initializer if t.name in ("E", "W")] == ["E"]
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(proto.SerializeToString(), sess_options=session_options(None))
     ids = np.array([[1, 2, 3], [7, 0, 5]])
     np.testing.assert_allclose(session.run(None, {"ids": ids})[0], embed[ids] @ embed.T, rtol=1e-6, atol=1e-6)
 
