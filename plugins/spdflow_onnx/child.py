@@ -39,8 +39,7 @@ def wants_child(model_dir: Path) -> bool:
 
 def export_in_child(request):
     """Run :func:`spdflow_onnx.export.export_model` for ``request`` in a child process."""
-    from spdflow.api import ExportResult
-    from spdflow.engine.run import _model_info
+    from spdflow.api import ExportResult, ModelInfo
 
     job = {"model": request.model.model_dump(mode="json", by_alias=True), "model_dir": str(request.model_dir),
            "role": request.role, "continuous_batching": request.continuous_batching,
@@ -71,13 +70,12 @@ def export_in_child(request):
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     request.progress(f"exported in a child process (its peak RSS {peak:,.0f} MiB; this process never loads torch)")
     work = Path(request.work_dir)
-    return ExportResult(onnx_path=work / result["onnx"], model_info=_model_info(result["model_info"]),
+    return ExportResult(onnx_path=work / result["onnx"], model_info=ModelInfo.from_json(result["model_info"]),
                         files=[work / name for name in result["files"]])
 
 
 def _child() -> int:
     from spdflow.api import ExportRequest
-    from spdflow.engine.run import _model_info_json
     from spdflow.errors import SpdflowError
     from spdflow.recipe.schema import ModelSpec
     from spdflow_onnx.export import export_model
@@ -97,7 +95,7 @@ def _child() -> int:
         say("error", json.dumps({"message": exc.message, "hint": exc.hint}))
         return 3
     work = Path(job["work_dir"])
-    say("result", json.dumps({"onnx": result.onnx_path.name, "model_info": _model_info_json(result.model_info),
+    say("result", json.dumps({"onnx": result.onnx_path.name, "model_info": result.model_info.to_json(),
                               "files": [str(Path(f).relative_to(work)) for f in result.files]}))
     return 0
 
