@@ -10,10 +10,10 @@ from spdflow.errors import SpdflowError
 from spdflow.plugins import SpdflowPluginManager
 
 
-def test_registers_code_rare_and_chat():
+def test_registers_code_rare_chat_edit_and_qa():
     pm = SpdflowPluginManager()
     pm.add_plugin(workloads, "workloads")
-    assert set(pm.registry()["workload"]) == {"code", "rare", "chat"}
+    assert set(pm.registry()["workload"]) == {"code", "rare", "chat", "edit", "qa"}
     assert all(r.description for r in pm.registry()["workload"].values())
 
 
