@@ -69,6 +69,17 @@ def save_atomic(obj, path: Path) -> None:
     os.replace(temp, path)
 
 
+def checkpoint(args, state: dict, key: str, model, opt, step: int, seconds: float) -> None:
+    """Every ``checkpoint_every`` steps (and at the deadline) save ``model`` and ``opt`` under
+    ``state[key]``, resumable; past the deadline, stop with TimeoutError."""
+    late = bool(args.deadline and time.time() > args.deadline)
+    if (step + 1) % args.checkpoint_every == 0 or late:
+        state[key] = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1, "seconds": seconds}
+        save_atomic(state, args.work / "checkpoint.pt")
+        if late:
+            raise TimeoutError
+
+
 def write_json(path: Path, data: dict) -> None:
     temp = path.with_suffix(".tmp")
     temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -190,12 +201,7 @@ def train_heads(model, data: dict, args, state: dict) -> torch.nn.ModuleList:
         if step % 50 == 0 or step == args.head_steps - 1:
             losses.append({"step": step, "loss": round(loss.item(), 4), "t": round(spent + time.time() - began, 1)})
             log(f"heads step {step}/{args.head_steps} loss {loss.item():.3f}")
-        if (step + 1) % args.checkpoint_every == 0 or (args.deadline and time.time() > args.deadline):
-            state["heads_running"] = {"model": heads.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                                      "seconds": spent + time.time() - began}
-            save_atomic(state, args.work / "checkpoint.pt")
-            if args.deadline and time.time() > args.deadline:
-                raise TimeoutError
+        checkpoint(args, state, "heads_running", heads, opt, step, spent + time.time() - began)
     state.pop("heads_running", None)
     state["heads_seconds"] = spent + time.time() - began
     return heads.eval()
@@ -284,12 +290,7 @@ def train_eagle(model, data: dict, args, state: dict) -> spec.EagleDraft:
             losses.append({"step": step, "loss": round(loss.item(), 4), "regression": round(reg.item(), 4),
                            "classification": round(cls.item(), 4), "t": round(spent + time.time() - began, 1)})
             log(f"eagle step {step}/{args.eagle_steps} loss {loss.item():.3f} (reg {reg.item():.3f} cls {cls.item():.3f})")
-        if (step + 1) % args.checkpoint_every == 0 or (args.deadline and time.time() > args.deadline):
-            state["eagle_running"] = {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                                      "seconds": spent + time.time() - began}
-            save_atomic(state, args.work / "checkpoint.pt")
-            if args.deadline and time.time() > args.deadline:
-                raise TimeoutError
+        checkpoint(args, state, "eagle_running", draft, opt, step, spent + time.time() - began)
     state.pop("eagle_running", None)
     state["eagle_seconds"] = spent + time.time() - began
     return draft.eval()

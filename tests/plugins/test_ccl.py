@@ -12,6 +12,7 @@ from spdflow.ccl import pick_ccl
 from spdflow.recipe.schema import ModelSpec
 from spdflow.testing.models import make_tiny_model
 from spdflow_shapes import ccl_lists, specialize
+from tests.plugins.test_export import feeds_for
 
 CTX = 32
 
@@ -86,16 +87,7 @@ def _session(path):
 
 
 def _feeds(info, ids, positions, nlk, rows, batch_index=None, seed=0):
-    rng = np.random.default_rng(seed)
-    feeds = {"input_ids": ids, "position_ids": positions}
-    for i in range(info.num_layers):
-        for kind in ("key", "value"):
-            shape = (rows, info.num_kv_heads, CTX, info.head_dim)
-            feeds[f"past_{kind}.{i}"] = rng.standard_normal(shape).astype(np.float32)
-    if batch_index is not None:
-        feeds["batch_index"] = batch_index
-    feeds["num_logits_to_keep"] = np.zeros((nlk, 1), dtype=np.int64)
-    return feeds
+    return feeds_for(info, ids, positions, nlk, kv_rows=rows, ctx=CTX, batch_index=batch_index, seed=seed)
 
 
 def test_ccl_export_has_the_comp_ctx_lengths_input_where_qefficient_puts_it(exports):
