@@ -120,12 +120,14 @@ def test_gguf_is_converted_once_per_content_and_dtype(tmp_path, monkeypatch):
 
 def test_gguf_without_its_extra_names_the_command(tmp_path, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    # both missing, whatever this environment has (CI installs neither; a dev venv may have accelerate)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("gguf", "accelerate") else real(name, *a))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(models.StageError) as info:
         prepare_model_dir(gguf, "float32", tmp_path / "cache")
-    assert "needs the package(s) gguf, which are not installed" in info.value.message
+    assert "needs the package(s) gguf and accelerate, which are not installed" in info.value.message
     assert '.[smollm2]' in info.value.message
     assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").glob("gguf-*-float32"))
 
