@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from spdflow.errors import UsageError
+from spdflow.recipe.schema import REFERENCE_POLICY
 from spdflow.whatif import Prediction, RunData, Scenario, prepare, replay
 
 
@@ -75,11 +76,12 @@ def advise(pm, runs: Sequence[RunData], costs: Sequence, batch_sizes: Sequence[i
     lists = candidate_lists(k_max, max_shapes)
     cells = [(i, b) for i in range(len(runs)) for b in batch_sizes]
     for run, cost in zip(runs, costs):
-        prepare(cost, [Scenario(tuple(range(k_max + 1)), "smallest_covering", b) for b in batch_sizes])
-    nospec = {(i, b): replay(pm, runs[i], Scenario((0,), "nospec", b), costs[i]) for i, b in cells}
+        prepare(cost, [Scenario(tuple(range(k_max + 1)), REFERENCE_POLICY, b) for b in batch_sizes])
+    # a one-K list leaves any policy one choice: K-list [0] is no-spec, [k] is fixed K = k
+    nospec = {(i, b): replay(pm, runs[i], Scenario((0,), REFERENCE_POLICY, b), costs[i]) for i, b in cells}
     candidates = []
     for ks in lists:
-        for policy in (["smallest_covering"] if len(ks) == 1 else policies):
+        for policy in ([REFERENCE_POLICY] if len(ks) == 1 else policies):
             candidate = Candidate(ks, policy)
             for i, b in cells:
                 candidate.predictions[(i, b)] = replay(pm, runs[i], Scenario(ks, policy, b), costs[i])

@@ -1,17 +1,18 @@
 """``spdflow bench``: no-spec, fixed-K and varK on one workload, side by side, plus peers.
 
 Per batch size the target is compiled once for the recipe's K-list plus K = 0 (so no-spec has
-its shape) and one session is opened; the modes differ only in proposer and K policy:
+its shape) and one session is opened; the modes differ only in proposer and K policy. A mode is a
+registered K policy's name (``varK`` is the recipe's own policy), run over that K-list; what the
+policy declares it needs (:meth:`spdflow.api.KPolicy.required_ks`) decides its row:
 
-* ``nospec`` — no proposer, K = 0 every step;
-* ``fixed``  — the recipe's proposer, always the largest K (a fixed-K SpD system);
-* ``varK``   — the recipe's proposer and K policy over its K-list;
-* a K policy's name (``smallest_covering``, ``goodput``, any registered one) — the recipe's
-  proposer with that policy over the K-list.
+* a policy that only ever needs K = 0 (``nospec``) runs without the proposer; its row, named by
+  the policy, is the no-spec reference of the batch size (``delta_vs_nospec``);
+* a policy that always verifies one K > 0 (``fixed``: the largest K, a fixed-K SpD system) has a
+  row named by the policy, which the K-list rows are compared with (``varK_vs_fixed``);
+* any other policy chooses among the K-list; its row is named ``varK:<policy>``.
 
-The K-list rows are named by policy (``varK:goodput``); by default the recipe's policy runs
-beside ``smallest_covering``, the simplest policy, so every table shows what a policy's extra
-machinery buys over it. ``al``, ``acceptance_rate`` and the K histogram are medians over the
+By default the recipe's policy runs beside ``smallest_covering``, the simplest policy, so every
+table shows what a policy's extra machinery buys over it. ``al``, ``acceptance_rate`` and the K histogram are medians over the
 repeats, like the timed figures.
 
 A first, untimed no-spec pass warms the session up and gives the greedy reference every mode is
@@ -43,13 +44,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from spdflow.errors import StageError, UsageError
+from spdflow.recipe.schema import REFERENCE_POLICY
 
-MODES = ("nospec", "fixed", "varK")
-#: the K policy every bench runs beside the recipe's own (a mode list's default)
-REFERENCE_POLICY = "smallest_covering"
-DEFAULT_MODES = ("nospec", "fixed", "varK", REFERENCE_POLICY)
+#: the mode that runs the recipe's own K policy
+RECIPE_POLICY_MODE = "varK"
+#: ``--modes``'s default: no-spec, fixed K, the recipe's policy and the reference policy
+DEFAULT_MODES = ("nospec", "fixed", RECIPE_POLICY_MODE, REFERENCE_POLICY)
 #: a row's mode for the K-list with policy NAME
 VARK_PREFIX = "varK:"
+#: A row's role, from what its policy needs on the compiled K-list: the no-spec reference (only
+#: K = 0), a fixed-K system (one K > 0), a policy choosing among the K-list, or a peer engine.
+BASELINE, ONE_K, VARK, PEER = "baseline", "one_k", "varK", "peer"
 PEERS = ("hf", "ort-genai", "llama.cpp")
 
 #: Keys every JSON row has (``*_min``/``*_max`` accompany each timed metric).
@@ -71,6 +76,20 @@ class BenchOptions:
     json_path: Path | None = None
 
 
+@dataclass(frozen=True)
+class Mode:
+    """A resolved bench mode: the row it fills, the K policy it runs and the row's role."""
+
+    row: str
+    policy: str
+    role: str
+
+    @property
+    def speculates(self) -> bool:
+        """Whether the recipe's proposer runs (every role but the no-spec reference)."""
+        return self.role != BASELINE
+
+
 @dataclass
 class ModeRun:
     """One timed run of one mode at one batch size."""
@@ -82,6 +101,7 @@ class ModeRun:
     tokens: dict[int, list[int]]
     peak_rss_mb: float
     rss_growth_mb: float
+    role: str = VARK
 
 
 # ------------------------------------------------------------------------------ planning
@@ -100,25 +120,42 @@ def check_options(options: BenchOptions) -> None:
         raise UsageError("batch sizes must be at least 1")
 
 
-def resolve_modes(modes: Sequence[str], recipe, policies: Sequence[str]) -> list[str]:
-    """The row modes to run, in order, each once: ``nospec``, ``fixed``, or ``varK:<policy>``
-    (``varK`` is the recipe's policy; any other name must be a registered K policy)."""
-    resolved: list[str] = []
+def resolve_modes(pm, modes: Sequence[str], recipe) -> list[Mode]:
+    """The modes to run, in order, each row once. A mode is a registered K policy's name (also
+    written ``varK:<policy>``), or ``varK``: the recipe's policy. The policy's row and role come
+    from the Ks it needs on the bench's K-list (:func:`policy_role`)."""
+    from spdflow.plugins import make_k_policy
+
+    policies = policy_names(pm)
+    ks = compile_k_list(recipe)
+    resolved: list[Mode] = []
     for mode in modes:
-        if mode in ("nospec", "fixed"):
-            name = mode
-        elif mode == "varK":
-            name = VARK_PREFIX + recipe.k_policy.uses
-        elif mode.startswith(VARK_PREFIX) and mode[len(VARK_PREFIX):] in policies:
-            name = mode
-        elif mode in policies:
-            name = VARK_PREFIX + mode
-        else:
+        name = recipe.k_policy.uses if mode == RECIPE_POLICY_MODE else mode.removeprefix(VARK_PREFIX)
+        if name not in policies:
             raise UsageError(f"unknown bench mode '{mode}'",
-                             hint=f"choose from {', '.join(MODES)} or a K policy: {', '.join(sorted(policies))}")
-        if name not in resolved:
-            resolved.append(name)
+                             hint=f"choose {RECIPE_POLICY_MODE} (the recipe's K policy) or a K policy: "
+                                  f"{', '.join(sorted(policies))}")
+        role = policy_role(make_k_policy(pm, name, own_settings(recipe, name)), ks)
+        row = VARK_PREFIX + name if role == VARK else name
+        if row not in [m.row for m in resolved]:
+            resolved.append(Mode(row, name, role))
     return resolved
+
+
+def policy_role(policy, ks: Sequence[int]) -> str:
+    """A policy's row role on the compiled K-list ``ks``, from the Ks it declares it needs:
+    :data:`BASELINE` when that is K = 0 alone (it never verifies a proposal), :data:`ONE_K` when
+    it is one K > 0 (a fixed-K system), else :data:`VARK`."""
+    from spdflow.plugins import required_ks, speculates
+
+    if not speculates(policy, ks):
+        return BASELINE
+    return ONE_K if len(set(required_ks(policy, ks))) == 1 else VARK
+
+
+def own_settings(recipe, policy_name: str) -> dict:
+    """The recipe's ``k_policy.with`` when it names ``policy_name``, else none (defaults)."""
+    return dict(recipe.k_policy.with_) if recipe.k_policy.uses == policy_name else {}
 
 
 def run_order(modes: Sequence[str], repeats: int) -> list[tuple[int, str]]:
@@ -145,17 +182,6 @@ def batch_recipe(recipe, batch_size: int):
     else:
         spec = spec.model_copy(update={"batch_size": batch_size})
     return recipe.model_copy(update={"specialization": spec})
-
-
-def mode_setup(mode: str, recipe) -> tuple[str, bool]:
-    """(K policy name, whether the recipe's proposer runs) of a resolved mode."""
-    if mode == "nospec":
-        return "nospec", False
-    if mode == "fixed":
-        return "fixed", True
-    if mode.startswith(VARK_PREFIX):
-        return mode[len(VARK_PREFIX):], True
-    return recipe.k_policy.uses, True
 
 
 # ------------------------------------------------------------------------------ memory
@@ -236,10 +262,10 @@ class BatchBench:
     def warm_up(self) -> None:
         """An untimed greedy no-spec pass: warms the session and records the reference tokens."""
         records: list[dict] = []
-        results = self._generate("nospec", records)
+        results = self._generate(None, records)
         self.baseline = {r.index: r.tokens for r in results}
 
-    def run(self, mode: str, repeat: int) -> ModeRun:
+    def run(self, mode: Mode, repeat: int) -> ModeRun:
         """One timed run of ``mode``; the proposer is built before the clock starts."""
         from spdflow.report.metrics import compute_metrics
 
@@ -247,20 +273,20 @@ class BatchBench:
         with RssSampler() as rss:
             results = self._generate(mode, records)
         tokens = {r.index: r.tokens.tolist() for r in results}
-        return ModeRun(mode, self.batch_size, repeat, compute_metrics(records), tokens,
-                       round(rss.peak, 1), round(rss.peak - rss.before, 1))
+        return ModeRun(mode.row, self.batch_size, repeat, compute_metrics(records), tokens,
+                       round(rss.peak, 1), round(rss.peak - rss.before, 1), mode.role)
 
-    def _generate(self, mode: str, records: list) -> list:
+    def _generate(self, mode: Mode | None, records: list) -> list:
+        """One generation: ``mode``'s policy with the recipe's proposer when the mode speculates;
+        without a mode (or proposer), K = 0 every step and no policy runs."""
         from spdflow.engine.generate import Generator
         from spdflow.plugins import make_k_policy
 
         recipe = self.recipe
-        policy_name, with_proposer = mode_setup(mode, recipe)
-        own = recipe.k_policy.with_ if policy_name == recipe.k_policy.uses else None
-        policy = make_k_policy(self.pm, policy_name, own)
+        policy = None if mode is None else make_k_policy(self.pm, mode.policy, own_settings(recipe, mode.policy))
         acceptor = self.engine.make_acceptor()
         proposer, name = None, ""
-        if with_proposer and recipe.proposer is not None:
+        if mode is not None and mode.speculates and recipe.proposer is not None:
             proposer, name = self.engine.make_proposer(self.info, self.sampling, self.baseline), recipe.proposer.uses
         config = self.config if proposer is not None else self.nospec_config
         generator = Generator(self.pm, self.session, config, proposer=proposer, proposer_name=name,
@@ -305,13 +331,13 @@ def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> li
         groups.setdefault((run.batch_size, run.mode), []).append(run)
     rows = []
     for (batch, mode), mine in groups.items():
-        row: dict[str, Any] = {"mode": mode, "batch_size": batch, "repeats": len(mine)}
+        row: dict[str, Any] = {"mode": mode, "batch_size": batch, "repeats": len(mine), "role": mine[0].role}
         values = [run_values(r) for r in mine]
         for key in TIMED:
             med, lo, hi = _stats([v[key] for v in values])
             row[key], row[f"{key}_min"], row[f"{key}_max"] = med, lo, hi
         metrics = [r.metrics for r in mine]
-        row["policy"] = mode_policy(mode)
+        row["policy"] = mode.removeprefix(VARK_PREFIX)
         row["al"] = _stats([m.mean_acceptance_length for m in metrics])[0]
         row["acceptance_rate"] = _stats([m.draft_acceptance_rate for m in metrics])[0]
         row["k_histogram"] = median_histogram([m.k_histogram for m in metrics])
@@ -321,13 +347,6 @@ def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> li
     return rows
 
 
-def mode_policy(mode: str) -> str | None:
-    """The K policy a row's mode ran (None for peers)."""
-    if mode in ("nospec", "fixed"):
-        return mode
-    return mode[len(VARK_PREFIX):] if mode.startswith(VARK_PREFIX) else None
-
-
 def median_histogram(histograms: Sequence[dict]) -> dict[str, float]:
     """Per K, the median over repeats of how many steps ran it (a repeat without K counts 0)."""
     ks = sorted({int(k) for h in histograms for k in h})
@@ -335,17 +354,20 @@ def median_histogram(histograms: Sequence[dict]) -> dict[str, float]:
 
 
 def add_deltas(rows: list[dict]) -> list[dict]:
-    """Δ tokens/s vs no-spec of the same batch size, and varK vs fixed (both as ratios − 1).
+    """Δ tokens/s vs the no-spec row (role :data:`BASELINE`) of the same batch size, and varK rows
+    vs the fixed-K row (role :data:`ONE_K`; the first, if several), both as ratios − 1.
 
     Rows without the needed partner (or with no throughput) get None.
     """
-    by = {(r["batch_size"], r["mode"]): r for r in rows}
+    by: dict[tuple[int, str | None], dict] = {}
     for row in rows:
-        base = by.get((row["batch_size"], "nospec"))
+        by.setdefault((row["batch_size"], row.get("role")), row)
+    for row in rows:
+        base = by.get((row["batch_size"], BASELINE))
         row["delta_vs_nospec"] = _delta(row.get("tokens_per_s"), base and base.get("tokens_per_s"))
-        fixed = by.get((row["batch_size"], "fixed"))
+        fixed = by.get((row["batch_size"], ONE_K))
         row["varK_vs_fixed"] = _delta(row.get("tokens_per_s"), fixed and fixed.get("tokens_per_s")) \
-            if row["mode"].startswith(VARK_PREFIX) else None
+            if row.get("role") == VARK else None
     return rows
 
 
@@ -416,11 +438,9 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:
-    """By batch size, then nospec, fixed, the varK rows (by policy), then peers."""
-    def rank(mode: str) -> int:
-        return {"nospec": 0, "fixed": 1}.get(mode, 2 if mode.startswith(VARK_PREFIX) else 3)
-
-    return sorted(rows, key=lambda r: (r["batch_size"], rank(r["mode"]), r["mode"]))
+    """By batch size, then the no-spec row, fixed K, the varK rows (by policy), then peers."""
+    rank = {BASELINE: 0, ONE_K: 1, VARK: 2}
+    return sorted(rows, key=lambda r: (r["batch_size"], rank.get(r.get("role"), 3), r["mode"]))
 
 
 # ------------------------------------------------------------------------------ the bench
@@ -432,7 +452,7 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
     spdflow's in the same rotated order (each peer family a child process kept alive)."""
     from spdflow.peers import peer_rows, start_peers
 
-    modes = resolve_modes(options.modes, loaded.recipe, policy_names(pm))
+    modes = resolve_modes(pm, options.modes, loaded.recipe)
     bench = BatchBench(pm, loaded, batch_size, ui)
     peers: list = []
     try:
@@ -446,16 +466,17 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
                                 options.repeats, peer_work_dir(bench.recipe), progress)
         peer_of = {mode: peer for peer in peers for mode in peer.modes}
         runs, peer_runs = [], []
-        for repeat, mode in run_order(modes + list(peer_of), options.repeats):
-            if mode in peer_of:
-                result = peer_of[mode].run(mode)
+        by_row = {mode.row: mode for mode in modes}
+        for repeat, name in run_order(list(by_row) + list(peer_of), options.repeats):
+            if name in peer_of:
+                result = peer_of[name].run(name)
                 peer_runs.append(result)
                 rate = result["tokens_per_s"]
             else:
-                run = bench.run(mode, repeat)
+                run = bench.run(by_row[name], repeat)
                 runs.append(run)
                 rate = run.metrics.e2e_tokens_per_s or 0
-            progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {mode}: {rate:.1f} tok/s")
+            progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {name}: {rate:.1f} tok/s")
         rows = summarize(runs, reference if greedy else None)
         rows += peer_rows(peer_runs, batch_size, reference if greedy else None)
     finally:
@@ -482,11 +503,12 @@ def bench_recipe(pm, loaded, options: BenchOptions, ui=None) -> list[dict]:
     check_options(options)
     ui = ui or NullUI()
     recipe = loaded.recipe
-    resolve_modes(options.modes, recipe, policy_names(pm))  # an unknown mode fails before any work
-    needs_proposer = [m for m in options.modes if m != "nospec"]
+    modes = resolve_modes(pm, options.modes, recipe)  # an unknown mode fails before any work
+    needs_proposer = [m.row for m in modes if m.speculates]
     if needs_proposer and recipe.proposer is None:
+        no_spec = [m.row for m in resolve_modes(pm, policy_names(pm), recipe) if not m.speculates]
         raise UsageError(f"mode '{needs_proposer[0]}' needs a proposer but the recipe has none",
-                         hint="add a proposer to the recipe or use --modes nospec")
+                         hint="add a proposer to the recipe" + (f" or use --modes {no_spec[0]}" if no_spec else ""))
     sizes = options.batch_sizes or [recipe.specialization.full_batch_size or recipe.specialization.batch_size]
     rows: list[dict] = []
     for batch_size in sizes:

@@ -168,12 +168,14 @@ def oracle_report(pm, run, cost: CostModel, policy: str | None = None) -> Oracle
     """Replay the run's policy, no-spec and each fixed K of its list at batch 1, and the oracle,
     all with ``cost``; the oracle's wall time takes its prefill and per-step host and proposer
     time from the largest fixed K's replay."""
+    from spdflow.recipe.schema import REFERENCE_POLICY
     from spdflow.whatif import Scenario, prepare, replay
 
     ks = sorted(set(run.recipe.k_list()) | {0})
     policy = policy or run.recipe.k_policy.uses
-    scenarios = [Scenario(tuple(ks), policy, 1), Scenario((0,), "nospec", 1)]
-    scenarios += [Scenario((k,), "fixed", 1) for k in ks if k > 0]
+    # a one-K list leaves any policy one choice: K-list [0] is no-spec, [k] is fixed K = k
+    scenarios = [Scenario(tuple(ks), policy, 1), Scenario((0,), REFERENCE_POLICY, 1)]
+    scenarios += [Scenario((k,), REFERENCE_POLICY, 1) for k in ks if k > 0]
     prepare(cost, scenarios)
     figures = [replay(pm, run, s, cost).figures for s in scenarios]
     mine, nospec, fixed = figures[0], figures[1], figures[2:]

@@ -197,14 +197,15 @@ def first_divergence(tokens: dict[int, list[int]], reference: dict[int, list[int
 def peer_rows(runs: list[dict], batch_size: int, reference: dict[int, list[int]] | None) -> list[dict]:
     """Median/min/max over a peer's repeats, and whether its tokens equal spdflow's no-spec
     (with the first divergence when they do not)."""
-    from spdflow.bench import _stats
+    from spdflow.bench import PEER, _stats
 
     by_mode: dict[str, list[dict]] = {}
     for run in runs:
         by_mode.setdefault(run["mode"], []).append(run)
     rows = []
     for mode, mine in by_mode.items():
-        row: dict[str, Any] = {"mode": mode, "batch_size": mine[0].get("batch_size", batch_size), "repeats": len(mine)}
+        row: dict[str, Any] = {"mode": mode, "batch_size": mine[0].get("batch_size", batch_size), "repeats": len(mine),
+                               "role": PEER}
         for key in ("requests_per_s", "tokens_per_s", "tpot_ms", "peak_rss_mb"):
             row[key], row[f"{key}_min"], row[f"{key}_max"] = _stats([r.get(key) for r in mine])
         row["al"] = None

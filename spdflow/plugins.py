@@ -284,6 +284,11 @@ def required_ks(policy, k_list) -> list[int]:
     return list(ask(k_list)) if ask is not None else sorted(set(k_list))
 
 
+def speculates(policy, k_list) -> bool:
+    """Whether ``policy`` ever verifies K > 0 on this K-list (else no proposer is built)."""
+    return max(required_ks(policy, k_list), default=0) > 0
+
+
 def get_plugin_manager(*, load_entry_points: bool = True) -> SpdflowPluginManager:
     """A fresh plugin manager with the built-in glue and (by default) every installed plugin."""
     from spdflow import builtin

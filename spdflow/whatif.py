@@ -37,7 +37,8 @@ import numpy as np
 
 from spdflow.api import CostContext, CostModel, ModelInfo, Request, Sampling
 from spdflow.errors import RunDataError, UsageError
-from spdflow.plugins import make_k_policy
+from spdflow.bench import own_settings
+from spdflow.plugins import make_k_policy, required_ks, speculates
 from spdflow.recipe.schema import KPolicySpec
 
 #: logit of every token but the recorded one: exp(LOW / T) is 0 for any temperature spdflow allows
@@ -392,17 +393,18 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     from spdflow.engine.generate import Generator, LoopConfig
     from spdflow.engine.run import Engine, NullUI, RunOptions
 
-    check_scenario(run, scenario)
-    check_replayable_proposer(pm, run, scenario)
+    settings = own_settings(run.recipe, scenario.policy)
+    policy = make_k_policy(pm, scenario.policy, settings)
+    check_scenario(run, scenario, policy)
+    check_replayable_proposer(pm, run, scenario, policy)
     recipe = batch_recipe(run.recipe, scenario.batch_size)
-    settings = own_settings(recipe, scenario.policy)
     recipe = recipe.model_copy(update={"num_speculative_tokens": list(scenario.k_list),
                                        "k_policy": KPolicySpec(uses=scenario.policy, **{"with": settings}),
                                        "output": str(run.run_dir)})
     loaded = dataclasses.replace(run.loaded, recipe=recipe)
     spec, info, workload = recipe.specialization, run.model_info, recipe.workload
     sampling = Sampling(workload.temperature, workload.top_k, workload.top_p)
-    with_proposer = scenario.policy != "nospec" and recipe.proposer is not None and max(scenario.k_list) > 0
+    with_proposer = recipe.proposer is not None and speculates(policy, scenario.k_list)
     config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
                         list(scenario.k_list) if with_proposer else [0], info.eos_token_ids, info.pad_token_id,
                         info.vocab_size, sampling, workload.ignore_eos)
@@ -410,7 +412,6 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     rows = spec.full_batch_size or spec.batch_size
     session = ReplaySession(run, rows, cost, clock, spec.prefill_seq_len, measured_prefill(run))
     engine = Engine(pm, loaded, RunOptions(), NullUI())
-    policy = make_k_policy(pm, scenario.policy, settings)
     acceptor = pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
     proposer, name = None, ""
     if with_proposer:
@@ -453,29 +454,31 @@ def charge_host(figures: Figures, host_per_step_s: float) -> Figures:
                                tokens_per_s=figures.generated_tokens / wall if wall > 0 else None)
 
 
-def check_scenario(run: RunData, scenario: Scenario) -> None:
-    """One sentence for a scenario the run cannot be replayed under."""
+def check_scenario(run: RunData, scenario: Scenario, policy) -> None:
+    """One sentence for a scenario the run cannot be replayed under (``policy``: the scenario's
+    K policy, asked which Ks it needs)."""
     ks = scenario.k_list
     if not ks or min(ks) < 0:
         raise UsageError(f"--k-list must hold K values ≥ 0, got {list(ks)}")
     if scenario.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
-    if max(ks) > 0 and run.recipe.proposer is None and scenario.policy != "nospec":
+    if run.recipe.proposer is None and speculates(policy, ks):
         raise UsageError(f"K-list {list(ks)} needs a proposer but the run had none",
                          hint="replay a run that used a proposer, or ask for --k-list 0")
-    if scenario.policy == "nospec" and 0 not in ks:
-        raise UsageError("policy 'nospec' needs K = 0 in the K-list")
+    missing = sorted(set(required_ks(policy, ks)) - set(ks))
+    if missing:
+        raise UsageError(f"policy '{scenario.policy}' needs K = {', '.join(map(str, missing))} in the K-list")
     if max(ks) + 1 > run.recipe.specialization.prefill_seq_len:
         raise UsageError(f"K = {max(ks)} needs prefill_seq_len ≥ {max(ks) + 1}, the run has "
                          f"{run.recipe.specialization.prefill_seq_len}")
 
 
-def check_replayable_proposer(pm, run: RunData, scenario: Scenario) -> None:
+def check_replayable_proposer(pm, run: RunData, scenario: Scenario, policy) -> None:
     """Refuse a proposer that reads the target's own outputs (multi_projection's head logits,
     eagle's hidden states): the replay's target answers with recorded tokens only, so such a
     proposer would see nothing and the prediction would be silently wrong."""
     proposer = run.recipe.proposer
-    if proposer is None or scenario.policy == "nospec" or max(scenario.k_list) == 0:
+    if proposer is None or not speculates(policy, scenario.k_list):
         return
     needs = getattr(pm.lookup("proposer", proposer.uses).factory, "target_outputs", ()) or ()
     if needs:
@@ -488,11 +491,6 @@ def check_replayable_proposer(pm, run: RunData, scenario: Scenario) -> None:
 def own_scenario(run: RunData) -> Scenario:
     """The run's own K-list, policy and batch size."""
     return Scenario(tuple(run.recipe.k_list()), run.recipe.k_policy.uses, run.batch_size)
-
-
-def own_settings(recipe, policy_name: str) -> dict:
-    """The recipe's ``k_policy.with`` when it names ``policy_name``, else none (defaults)."""
-    return dict(recipe.k_policy.with_) if recipe.k_policy.uses == policy_name else {}
 
 
 def own_figures(run: RunData) -> Figures:

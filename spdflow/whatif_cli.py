@@ -144,8 +144,8 @@ def render_whatif(own, measured, predictions, cost) -> str:
 @click.option("--max-shapes", default=3, show_default=True, type=int, help="Most decode shapes (K values) a list may have.")
 @click.option("--k-max", "k_max", type=int, help="Largest K to consider (default: the largest K of the runs' K-lists).")
 @click.option("--batch-size", "batch_sizes", help="Comma-separated batch sizes to rank at (default: each run's own).")
-@click.option("--policies", default="smallest_covering", show_default=True,
-              help="Comma-separated K policies to try for lists of two or more K.")
+@click.option("--policies", help="Comma-separated K policies to try for lists of two or more K.  "
+                                 "[default: smallest_covering, the reference policy]")
 @click.option("--per-shape-cost", default=0.0, show_default=True, type=float,
               help="Score penalty per decode shape beyond the first (0.02: 2 % each), for compile time and memory.")
 @click.option("--top", default=5, show_default=True, type=int, help="How many lists to print.")
@@ -162,6 +162,7 @@ def advise(run_dirs, max_shapes, k_max, batch_sizes, policies, per_shape_cost, t
     from spdflow import whatif as wi
     from spdflow.advise import advice_json, advise as rank, render_advice
     from spdflow.plugins import get_plugin_manager
+    from spdflow.recipe.schema import REFERENCE_POLICY
 
     pm = get_plugin_manager()
     runs = [wi.load_run(d, pm) for d in run_dirs]
@@ -171,7 +172,7 @@ def advise(run_dirs, max_shapes, k_max, batch_sizes, policies, per_shape_cost, t
     k_max = k_max if k_max is not None else max(max(run.recipe.k_list()) for run in runs)
     progress = (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
     advice = rank(pm, runs, costs, sizes, max_shapes=max_shapes, k_max=k_max,
-                  policies=parse_list(policies, "policies") or ["smallest_covering"], per_shape_cost=per_shape_cost,
+                  policies=parse_list(policies, "policies") or [REFERENCE_POLICY], per_shape_cost=per_shape_cost,
                   progress=progress)
     if as_json:
         click.echo(json.dumps(advice_json(advice, runs, top), indent=2, default=str))

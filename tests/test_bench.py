@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from spdflow import bench
 from spdflow.bench import BenchOptions, add_deltas, bench_recipe, markdown_table, run_order, summarize
 from spdflow.cli import cli
+from spdflow.api import KPolicy
 from spdflow.recipe.loader import load_recipe
 
 RECIPE = """\
@@ -27,6 +28,16 @@ workload:
   prompts: ["def add(a, b):\\n    return a + b\\n\\ndef add(", "x = x + 1\\nx = x + 1\\nx = x"]
   max_new_tokens: 6
 output: {output}
+"""
+
+
+MINIMAL_SPD = """\
+version: 1
+name: modes
+model: {id: x}
+proposer: {uses: prompt_lookup}
+num_speculative_tokens: [2, 4]
+k_policy: goodput
 """
 
 
@@ -51,7 +62,7 @@ def tiny_rows(tiny_recipe):
     original = bench.BatchBench.run
 
     def recording(self, mode, repeat):
-        order.append((self.batch_size, repeat, mode))
+        order.append((self.batch_size, repeat, mode.row))
         return original(self, mode, repeat)
 
     bench.BatchBench.run = recording
@@ -95,10 +106,11 @@ def test_run_order_rotates_the_first_mode():
 
 
 def test_deltas_are_ratios_against_nospec_and_fixed():
-    rows = [{"batch_size": 1, "mode": "nospec", "tokens_per_s": 100.0},
-            {"batch_size": 1, "mode": "fixed", "tokens_per_s": 150.0},
-            {"batch_size": 1, "mode": "varK:goodput", "tokens_per_s": 180.0},
-            {"batch_size": 2, "mode": "varK:goodput", "tokens_per_s": 50.0}]
+    # the partners are found by role, so a third-party policy with the same role stands in
+    rows = [{"batch_size": 1, "mode": "my_nospec", "role": "baseline", "tokens_per_s": 100.0},
+            {"batch_size": 1, "mode": "fixed", "role": "one_k", "tokens_per_s": 150.0},
+            {"batch_size": 1, "mode": "varK:goodput", "role": "varK", "tokens_per_s": 180.0},
+            {"batch_size": 2, "mode": "varK:goodput", "role": "varK", "tokens_per_s": 50.0}]
     add_deltas(rows)
     assert rows[0]["delta_vs_nospec"] == pytest.approx(0.0)
     assert rows[1]["delta_vs_nospec"] == pytest.approx(0.5)
@@ -109,8 +121,9 @@ def test_deltas_are_ratios_against_nospec_and_fixed():
 
 
 def test_table_renders_deltas_as_signed_percentages():
-    rows = add_deltas([{"batch_size": 1, "mode": "nospec", "tokens_per_s": 100.0},
-                       {"batch_size": 1, "mode": "varK:goodput", "tokens_per_s": 90.0, "identical_to_nospec": False}])
+    rows = add_deltas([{"batch_size": 1, "mode": "nospec", "role": "baseline", "tokens_per_s": 100.0},
+                       {"batch_size": 1, "mode": "varK:goodput", "role": "varK", "tokens_per_s": 90.0,
+                        "identical_to_nospec": False}])
     text = markdown_table(rows)
     assert "-10.0%" in text and "+0.0%" in text and "NO" in text
 
@@ -161,19 +174,56 @@ def test_acceptance_length_rate_and_k_histogram_are_medians_over_repeats():
     assert row["k_histogram"] == {"2": 1, "4": 1}  # K=2: 2, 1, 0 -> 1; K=4: 0, 1, 3 -> 1
 
 
-def test_modes_resolve_to_policy_named_rows_and_unknown_names_fail():
-    from types import SimpleNamespace
-
+def test_modes_resolve_to_policy_named_rows_and_unknown_names_fail(pm, write_recipe):
     from spdflow.bench import resolve_modes
     from spdflow.errors import UsageError
 
-    recipe = SimpleNamespace(k_policy=SimpleNamespace(uses="goodput"))
-    policies = ["smallest_covering", "goodput", "fixed", "nospec"]
-    assert resolve_modes(["nospec", "fixed", "varK", "smallest_covering"], recipe, policies) == [
-        "nospec", "fixed", "varK:goodput", "varK:smallest_covering"]
-    assert resolve_modes(["varK", "goodput", "varK:goodput"], recipe, policies) == ["varK:goodput"]
+    recipe = load_recipe(write_recipe(MINIMAL_SPD), pm).recipe
+    modes = resolve_modes(pm, ["nospec", "fixed", "varK", "smallest_covering"], recipe)
+    assert [(m.row, m.policy, m.role, m.speculates) for m in modes] == [
+        ("nospec", "nospec", "baseline", False), ("fixed", "fixed", "one_k", True),
+        ("varK:goodput", "goodput", "varK", True), ("varK:smallest_covering", "smallest_covering", "varK", True)]
+    assert [m.row for m in resolve_modes(pm, ["varK", "goodput", "varK:goodput"], recipe)] == ["varK:goodput"]
     with pytest.raises(UsageError, match="unknown bench mode 'turbo'"):
-        resolve_modes(["turbo"], recipe, policies)
+        resolve_modes(pm, ["turbo"], recipe)
+
+
+class _EveryOther(KPolicy):
+    """A third-party varK policy; and two that behave like nospec and fixed under other names."""
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        return max(compiled_ks)
+
+
+class _Zero(_EveryOther):
+    def required_ks(self, compiled_ks):
+        return [0]
+
+
+class _Two(_EveryOther):
+    def required_ks(self, compiled_ks):
+        return [2]
+
+
+def test_a_third_party_policy_gets_its_row_and_role_from_what_it_needs(pm, write_recipe):
+    from spdflow.bench import resolve_modes
+    from spdflow.hookspecs import hookimpl
+
+    class Policies:
+        @hookimpl
+        def spdflow_register_k_policies(self, register):
+            register("skip_all", _Zero)
+            register("always_two", _Two)
+            register("every_other", _EveryOther)
+
+    pm.add_plugin(Policies(), "third_party")
+    recipe = load_recipe(write_recipe(MINIMAL_SPD), pm).recipe
+    rows = add_deltas([{"batch_size": 1, "mode": m.row, "role": m.role, "tokens_per_s": tps}
+                       for m, tps in zip(resolve_modes(pm, ["skip_all", "always_two", "every_other"], recipe),
+                                         (100.0, 120.0, 150.0))])
+    assert [(r["mode"], r["role"]) for r in rows] == [("skip_all", "baseline"), ("always_two", "one_k"),
+                                                      ("varK:every_other", "varK")]
+    assert rows[2]["delta_vs_nospec"] == pytest.approx(0.5) and rows[2]["varK_vs_fixed"] == pytest.approx(0.25)
 
 
 def test_bench_cli_writes_json_and_rejects_unknown_mode(tiny_recipe, tmp_path):

@@ -32,7 +32,7 @@ from spdflow.api import (
 from spdflow.engine import cache
 from spdflow.errors import LosslessError, PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
 from spdflow.files import atomic_dir
-from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, required_ks
+from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, speculates
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
 
@@ -120,11 +120,6 @@ def specializations_for(pm, recipe: Recipe, k_list: list[int] | None = None,
     if not shapes:
         raise PluginError("no plugin implements spdflow_specialize", hint="reinstall spdflow (the 'shapes' plugin)")
     return list(shapes)
-
-
-def speculates(policy, k_list: list[int]) -> bool:
-    """Whether ``policy`` ever verifies K > 0 on this K-list (else no proposer is built)."""
-    return max(required_ks(policy, k_list), default=0) > 0
 
 
 def draft_devices(pm, devices: DevicesSpec, device_ids: list[int] | None, num_cores: int | None) -> DevicesSpec:

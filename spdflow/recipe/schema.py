@@ -11,6 +11,12 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+#: The recipe's registration defaults, the only plugin names the core holds: the K policy a recipe
+#: runs when it names none, which ``spdflow bench`` and ``spdflow whatif`` also run beside any other
+#: policy as the reference (the simplest varK policy), and the CPU reference backend.
+REFERENCE_POLICY = "smallest_covering"
+DEFAULT_BACKEND = "onnxruntime"
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -61,7 +67,7 @@ class SpecializationSpec(Strict):
 
 class DevicesSpec(Strict):
     backend: str = Field(
-        "onnxruntime", description="Registered backend (see `spdflow plugins`), e.g. onnxruntime "
+        DEFAULT_BACKEND, description="Registered backend (see `spdflow plugins`), e.g. onnxruntime "
         "(CPU reference) or qaic."
     )
     device_ids: list[Annotated[int, Field(ge=0, le=4095)]] = Field(
@@ -78,7 +84,7 @@ class DevicesSpec(Strict):
 
 class KPolicySpec(Strict):
     uses: str = Field(
-        "smallest_covering",
+        REFERENCE_POLICY,
         description="Registered K policy (see `spdflow plugins`), e.g. smallest_covering, goodput, "
         "fixed, nospec.",
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spdflow.files import write_bytes_atomic, write_text_atomic
+from spdflow.recipe.schema import REFERENCE_POLICY
 from spdflow.report.metrics import Metrics, compute_metrics, glossary
 from spdflow.report.model import RunReport
 
@@ -116,7 +117,7 @@ def recipe_lines(report: RunReport) -> list[tuple[str, str]]:
         ("model", f"{model.get('id', '?')} ({model.get('dtype', '?')})"),
         ("proposer", _named(proposer) if proposer else "none (no-spec)"),
         ("K-list", f"{ks}"),
-        ("K policy", f"{_named(r.get('k_policy'), 'smallest_covering')}; acceptance {r.get('acceptance', 'auto')}"),
+        ("K policy", f"{_named(r.get('k_policy'), REFERENCE_POLICY)}; acceptance {r.get('acceptance', 'auto')}"),
         ("batch", batch),
         ("shapes", f"ctx_len {spec.get('ctx_len', '?')}, prefill_seq_len {spec.get('prefill_seq_len', '?')}"),
         ("backend", f"{devices.get('backend', '?')} on devices {devices.get('device_ids', [0])}"

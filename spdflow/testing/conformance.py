@@ -34,6 +34,7 @@ import pytest
 from spdflow.api import KPolicy, Proposal, ProposeInput, Request
 from spdflow.errors import SpdflowError
 from spdflow.hookspecs import hookimpl
+from spdflow.recipe.schema import REFERENCE_POLICY
 from spdflow.testing import fixtures
 
 #: The name under which the checked proposer runs, and the K policy that forces K = 0 steps.
@@ -50,7 +51,7 @@ class Scenario:
     batch_size: int = 1
     full_batch_size: int | None = None
     prompts: int = 2
-    k_policy: str = "smallest_covering"
+    k_policy: str = REFERENCE_POLICY
     model: str = "tiny"  # "tiny" or "eos" (tiny_eos_model_dir)
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from spdflow.recipe.schema import DEFAULT_BACKEND, REFERENCE_POLICY
+
 #: Small code prompts with repeated phrases, so model-free proposers have something to propose.
 CODE_PROMPTS = (
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
@@ -41,7 +43,7 @@ def write_recipe(path: Path, recipe: dict) -> Path:
 
 def tiny_recipe(model_dir: Path, output_dir: Path, *, proposer: dict | None = None, k_list: Iterable[int] = (0, 4),
                 batch_size: int = 1, full_batch_size: int | None = None, prompts: Iterable[str] = CODE_PROMPTS[:2],
-                max_new_tokens: int = 16, k_policy: str = "smallest_covering", name: str = "tiny") -> dict:
+                max_new_tokens: int = 16, k_policy: str = REFERENCE_POLICY, name: str = "tiny") -> dict:
     """A recipe for a tiny model on onnxruntime: short context, small prefill chunks."""
     specialization = {"prefill_seq_len": 16, "ctx_len": 128, "batch_size": batch_size}
     if full_batch_size is not None:
@@ -53,7 +55,7 @@ def tiny_recipe(model_dir: Path, output_dir: Path, *, proposer: dict | None = No
         "num_speculative_tokens": list(k_list),
         "k_policy": k_policy,
         "specialization": specialization,
-        "devices": {"backend": "onnxruntime", "with": {"threads": 1}},
+        "devices": {"backend": DEFAULT_BACKEND, "with": {"threads": 1}},
         "workload": {"prompts": list(prompts), "max_new_tokens": max_new_tokens},
         "output": str(output_dir),
     }
