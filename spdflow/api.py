@@ -102,6 +102,11 @@ class ExportRequest:
     #: True exports the graph with the ``comp_ctx_lengths`` input (compute context lengths,
     #: CCL): its length is how many cache slots a step reads. False: the default graph.
     ccl: bool = False
+    #: "causal_lm": the model itself. "eagle_layer": the EAGLE draft layer next to the model
+    #: (``eagle_config.json`` + ``eagle.safetensors``, reusing the model's embedding and LM
+    #: head), with the extra input ``hidden_states`` [batch, seq_len, hidden] and the extra
+    #: output ``hidden_states_out`` [batch, nlk, hidden]; one KV layer.
+    graph: str = "causal_lm"
 
 
 @dataclass
@@ -300,11 +305,16 @@ class AuxiliaryModel:
     exports, specializes and compiles each as its own stages (``export:<role>`` ...), before
     generation and under ``--compile-only``, and ``ProposerContext.build_session`` opens it."""
 
-    role: str  # "draft"; names the stages, the export dir and the program
-    model_id: str  # written like the recipe's model.id
-    k_list: tuple[int, ...] = (0,)  # decode shapes: one per K, seq_len K+1
+    role: str  # "draft", "eagle"; names the stages, the export dir and the program
+    model_id: str | None = None  # written like the recipe's model.id; None: the target's model
+    #: decode shapes: one per K, seq_len K+1; None: the recipe's K-list and K=0
+    k_list: tuple[int, ...] | None = (0,)
     device_ids: tuple[int, ...] | None = None  # default: the target's device group
     num_cores: int | None = None  # default: the target's (backends that have it)
+    #: which graph the export stage builds from the model directory: "causal_lm" (the model
+    #: itself, DESIGN §4) or "eagle_layer" (the directory's EAGLE draft layer, see
+    #: ``ExportRequest.graph``)
+    graph: str = "causal_lm"
 
 
 def auxiliary_models(config: Any) -> list[AuxiliaryModel]:
@@ -330,6 +340,9 @@ class ProposerContext:
     #: the recipe file's folder, against which a proposer resolves relative paths in its config
     #: (e.g. a corpus); None when the recipe did not come from a file.
     base_dir: Path | None = None
+    #: role -> the ONNX file the run's export stage wrote for that declared auxiliary model
+    #: (e.g. "eagle"), or None when the run exported none under that role
+    exported_graph: Callable[[str], Path | None] = lambda role: None
 
 
 class Proposer:

@@ -147,6 +147,9 @@ def spdflow_export(request: "ExportRequest") -> "ExportResult | None":
     Called by the engine's export stage when its cache key changed, once per model (the target,
     and the draft of a draft-model proposer), with the model already resolved to a local
     directory. Write only inside ``request.work_dir``; the engine moves it into place.
+    ``request.graph`` other than ``"causal_lm"`` asks for another graph built from the model
+    directory (``"eagle_layer"``: the EAGLE layer of the ``eagle`` proposer); an implementation
+    that does not build it returns None.
 
     :param request: the model, its local directory, the role and the temp work dir.
     :return: an :class:`spdflow.api.ExportResult`. Stops at first non-None result.

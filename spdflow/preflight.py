@@ -69,6 +69,8 @@ def proposer_model_ids(loaded: LoadedRecipe) -> list[tuple[str, tuple]]:
     written = loaded.recipe.proposer.with_ if loaded.recipe.proposer is not None else {}
     found = []
     for aux in auxiliary_models(config):
+        if aux.model_id is None:  # built from the target's own directory (an EAGLE layer)
+            continue
         key = next((k for k, v in written.items() if v == aux.model_id), None)
         found.append((aux.model_id, ("proposer", "with", key) if key else ("proposer", "with")))
     return found

@@ -12,6 +12,14 @@ from spdflow.hookspecs import hookimpl
 def spdflow_export(request):
     """Export ``request.model_dir`` to ``request.work_dir/model.onnx`` + ``model.onnx.data``
     (a large model in a child process: see :mod:`spdflow_onnx.child`)."""
+    if getattr(request, "graph", "causal_lm") == "eagle_layer":  # a few MB: always in process
+        from spdflow_onnx.eagle import export_eagle_layer
+
+        return export_eagle_layer(request)
+    if getattr(request, "graph", "causal_lm") != "causal_lm":
+        from spdflow.errors import StageError
+
+        raise StageError(f"export: unknown graph '{request.graph}'; the onnx plugin builds 'causal_lm' and 'eagle_layer'")
     from spdflow_onnx.child import export_in_child, wants_child
 
     if wants_child(request.model_dir):

@@ -14,8 +14,13 @@ are caught up in one run (chunked by ``prefill_seq_len``), whose last row gives 
 guess, then the layer runs once per further token (seq_len 1). Speculative KV entries past
 ``fed`` are simply overwritten next time (the mask hides positions above the query).
 
-Runs inside the proposer: the layer is exported to its own ONNX program (cached under the run
-directory by the hash of the files it is built from) and run by ONNX Runtime on the host.
+The config declares the layer as an auxiliary model (role ``eagle``, graph ``eagle_layer``), so
+the engine exports, specializes and compiles it as stages of its own (``export:eagle`` ...), on
+every backend and under ``--compile-only``: on QAIC that is its own program (specializations,
+custom IO, compiler command). At generation the proposer runs the exported layer with ONNX
+Runtime on the host, whatever the backend (running it from its compiled program is not done
+yet: the Session interface has no extra inputs). Built without the engine (``ctx`` without the
+export), it exports the layer itself, cached under the run directory by the files' hash.
 Proposals are point masses, so rejection sampling stays exact at T > 0.
 """
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from spdflow.api import Proposal, ProposeInput, Proposer, Request, TargetOutputs
+from spdflow.api import AuxiliaryModel, Proposal, ProposeInput, Proposer, Request, TargetOutputs
 from spdflow.errors import RecipeError, StageError
 
 EAGLE_CONFIG = "eagle_config.json"
@@ -48,6 +53,12 @@ class EagleConfig(BaseModel):
         description="Stop drafting when the layer's most likely token has a probability below this "
         "(0 always drafts k_max tokens).",
     )
+
+    def auxiliary_models(self) -> list[AuxiliaryModel]:
+        """The layer, built from the target's directory as its own program: a prefill shape
+        (catch-up in chunks) and decode shapes for K=0 (one drafted token) and each K of the
+        recipe (a catch-up of up to K+1 committed tokens)."""
+        return [AuxiliaryModel(role="eagle", model_id=None, k_list=None, graph="eagle_layer")]
 
 
 def build_program(model_dir: Path, run_dir: Path) -> tuple[Path, dict]:
@@ -97,15 +108,25 @@ class EagleProposer(Proposer):
         if meta.get("vocab_size") != ctx.target.vocab_size:
             raise RecipeError(f"{model_dir / EAGLE_CONFIG}: vocab_size {meta.get('vocab_size')} is not the "
                               f"target's {ctx.target.vocab_size}", hint="train the layer for this target")
-        path, facts = build_program(model_dir, ctx.run_dir)
+        exported = getattr(ctx, "exported_graph", lambda role: None)("eagle")
+        path = Path(exported) if exported is not None else build_program(model_dir, ctx.run_dir)[0]
         threads = getattr(ctx.recipe.devices, "threads", None)
         self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         spec = ctx.recipe.specialization
         self.ctx_len = spec.ctx_len
         self.chunk = spec.prefill_seq_len
-        self.hidden = facts["hidden_size"]
-        self.kv_shape = (1, facts["num_kv_heads"], self.ctx_len, facts["head_dim"])
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        self.hidden = int(shapes["hidden_states"][2])
+        heads, head_dim = shapes["past_key.0"][1], shapes["past_key.0"][3]
+        self.kv_shape = (1, int(heads), self.ctx_len, int(head_dim))
         self.nlk = np.zeros((1, 1), dtype=np.int64)
+        # The engine's export follows the recipe: a continuous-batching graph takes batch_index
+        # (row 0 of this slot's one-row cache), a CCL graph comp_ctx_lengths (read every slot).
+        self.extra_feeds = {}
+        if "batch_index" in shapes:
+            self.extra_feeds["batch_index"] = np.zeros((1, 1), dtype=np.int64)
+        if "comp_ctx_lengths" in shapes:
+            self.extra_feeds["comp_ctx_lengths"] = np.zeros(self.ctx_len, dtype=np.int64)
         self.slots: dict[int, _Slot] = {}
 
     # -- engine callbacks ---------------------------------------------------------------------
@@ -132,7 +153,8 @@ class EagleProposer(Proposer):
     def _run(self, state: _Slot, ids: np.ndarray, feats: np.ndarray, positions: np.ndarray):
         logits, hidden, key, value = self.session.run(None, {
             "input_ids": ids[None], "hidden_states": feats[None].astype(np.float32), "position_ids": positions[None],
-            "past_key.0": state.key, "past_value.0": state.value, "num_logits_to_keep": self.nlk})
+            "past_key.0": state.key, "past_value.0": state.value, "num_logits_to_keep": self.nlk,
+            **self.extra_feeds})
         state.key, state.value = key, value
         return logits[0, -1], hidden[0, -1]
 

@@ -72,6 +72,7 @@ class ProgramPlan:
     model: ModelSpec
     k_list: list[int]
     devices: DevicesSpec
+    graph: str = "causal_lm"  # what the export builds (ExportRequest.graph)
 
 
 class NullUI:
@@ -142,7 +143,7 @@ def stage_namer(role: str) -> Callable[[str], str]:
 
 
 def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool, outputs: tuple[str, ...] = (),
-               ccl: bool = False) -> str:
+               ccl: bool = False, graph: str = "causal_lm") -> str:
     impls = sorted(f"{pm.get_name(i.plugin)}" for i in pm.hook.spdflow_export.get_hookimpls())
     inputs = cache.dir_digest(model_dir, ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt"))
     config = {"dtype": model.dtype, "role": role, "continuous_batching": cb}
@@ -150,6 +151,8 @@ def export_key(pm, model: ModelSpec, model_dir: Path, role: str, cb: bool, outpu
         config["outputs"] = sorted(outputs)
     if ccl:  # likewise: a graph with the comp_ctx_lengths input
         config["ccl"] = True
+    if graph != "causal_lm":  # likewise: another graph of the model directory (an EAGLE layer)
+        config["graph"] = graph
     return cache.stage_key("spdflow_export:" + ",".join(impls), __version__, config, inputs)
 
 
@@ -174,6 +177,8 @@ class Engine:
         self._lock = None  # the output dir's lock, held while running
         #: role -> rebuild its program from scratch (when a cached one turns out damaged)
         self._rebuild: dict[str, Any] = {}
+        #: role -> the ONNX its export stage wrote (ProposerContext.exported_graph)
+        self._exported: dict[str, Path] = {}
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -212,15 +217,16 @@ class Engine:
         return tuple(sorted(getattr(factory, "target_outputs", ()) or ()))
 
     def export(self, model: ModelSpec, role: str, outputs: tuple[str, ...] = (),
-               ccl: bool = False) -> tuple[Path, ModelInfo, str, bool, str]:
+               ccl: bool = False, graph: str = "causal_lm") -> tuple[Path, ModelInfo, str, bool, str]:
         """Export one model (cached); returns (onnx path, model info, key, cached, reason).
-        ``ccl`` exports the graph with the ``comp_ctx_lengths`` input."""
+        ``ccl`` exports the graph with the ``comp_ctx_lengths`` input; ``graph`` names what is
+        exported from the model directory (ExportRequest.graph)."""
         cb = self.recipe.specialization.full_batch_size is not None
         model_dir = self.model_dir(model, role)
-        key = export_key(self.pm, model, model_dir, role, cb, outputs, ccl)
+        key = export_key(self.pm, model, model_dir, role, cb, outputs, ccl, graph)
         target = self.export_root() / f"{role}-{key[:16]}"
         with cache.build_lock(target):  # runs sharing a cache dir export each model once
-            return self._export_locked(model, model_dir, role, cb, key, target, outputs, ccl)
+            return self._export_locked(model, model_dir, role, cb, key, target, outputs, ccl, graph)
 
     def model_dir(self, model: ModelSpec, role: str) -> Path:
         """The model's Hugging Face folder; a GGUF file is converted once (cached beside the exports)."""
@@ -238,7 +244,7 @@ class Engine:
         return Path(self.options.cache_dir or self.run_dir) / "export"
 
     def _export_locked(self, model: ModelSpec, model_dir: Path, role: str, cb: bool, key: str, target: Path,
-                       outputs: tuple[str, ...] = (), ccl: bool = False):
+                       outputs: tuple[str, ...] = (), ccl: bool = False, graph: str = "causal_lm"):
         if not should_force("export", self.options):
             marker, why = cache.read_done(target, verify=self.options.verify)
             if marker is not None:
@@ -247,7 +253,8 @@ class Engine:
                 self.ui.warn(f"export of {role} model in '{target}' is not trusted ({why}); rebuilding")
         with atomic_dir(target) as work:
             request = ExportRequest(model=model, model_dir=model_dir, role=role, continuous_batching=cb,
-                                    work_dir=work, progress=self.ui.message, outputs=outputs, ccl=ccl)
+                                    work_dir=work, progress=self.ui.message, outputs=outputs, ccl=ccl,
+                                    graph=graph)
             result = self.pm.hook.spdflow_export(request=request)
             if result is None:
                 raise PluginError("no plugin implements spdflow_export", hint="reinstall spdflow (the 'onnx' plugin)")
@@ -273,21 +280,25 @@ class Engine:
             raise PluginError(f"backend '{devices.backend}' returned no compiled program")
         return program
 
-    def build_model(self, model: ModelSpec, role: str, k_list: list[int], devices: DevicesSpec):
+    def build_model(self, model: ModelSpec, role: str, k_list: list[int], devices: DevicesSpec,
+                    graph: str = "causal_lm"):
         """export + specialize + compile one model, each a recorded stage: ``export`` ... for
-        the target, ``export:<role>`` ... for an auxiliary model (a draft)."""
+        the target, ``export:<role>`` ... for an auxiliary model (a draft, an EAGLE layer)."""
         name = stage_namer(role)
         shapes = specializations_for(self.pm, self.recipe, k_list, devices)
         ccl = any(s.comp_ctx_lengths is not None for s in shapes)
         stage, start = self._begin(name("export"))
         try:
             outputs = self.target_outputs() if role == "target" else ()
-            onnx, info, key, cached, reason = self.export(model, role, outputs, ccl)
+            onnx, info, key, cached, reason = self.export(model, role, outputs, ccl, graph)
         except BaseException as exc:
             self._end(stage, start, "failed", "interrupted" if isinstance(exc, KeyboardInterrupt) else "export failed")
             raise
         stage.cache_key = key[:16]
         stage.detail = {"export_dir": str(onnx.parent)}  # in the run dir, or a shared cache dir
+        if graph != "causal_lm":
+            stage.detail["graph"] = graph
+        self._exported[role] = onnx
         self._end(stage, start, "cached" if cached else "ran", reason)
         stage, start = self._begin(name("specialize"))
         stage.detail = {"specializations": [s.symbols() for s in shapes]}
@@ -316,8 +327,10 @@ class Engine:
         for aux in self.auxiliary_models():
             devices = draft_devices(self.pm, recipe.devices,
                                     list(aux.device_ids) if aux.device_ids else None, aux.num_cores)
-            model = ModelSpec(id=aux.model_id, dtype=recipe.model.dtype)
-            plans.append(ProgramPlan(aux.role, model, sorted(set(aux.k_list)), devices))
+            # model_id None: a graph built from the target's own directory (an EAGLE layer)
+            model = recipe.model if aux.model_id is None else ModelSpec(id=aux.model_id, dtype=recipe.model.dtype)
+            k_list = [0, *recipe.k_list()] if aux.k_list is None else list(aux.k_list)
+            plans.append(ProgramPlan(aux.role, model, sorted(set(k_list)), devices, aux.graph))
         return plans
 
     def describe_program(self, plan: ProgramPlan) -> list[str]:
@@ -341,7 +354,7 @@ class Engine:
                 if not cache.read_done(model_dir)[0]:
                     return lines + [f"  compile: known once the GGUF file is converted to {model_dir} (the first run does it)"]
             outputs = self.target_outputs() if plan.role == "target" else ()
-            key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs, ccl)
+            key = export_key(self.pm, plan.model, model_dir, plan.role, cb, outputs, ccl, plan.graph)
         except SpdflowError:
             return lines + ["  compile: known once the model is on this machine (see preflight)"]
         export_dir = self.export_root() / f"{plan.role}-{key[:16]}"
@@ -364,7 +377,7 @@ class Engine:
         written under --compile-only like the target's program."""
         for plan in plans:
             self._auxiliary[(plan.role, plan.model.id)] = self.build_model(
-                plan.model, plan.role, plan.k_list, plan.devices)
+                plan.model, plan.role, plan.k_list, plan.devices, plan.graph)
 
     def auxiliary_models(self) -> list[AuxiliaryModel]:
         """The models the recipe's proposer declares, when a proposer will run."""
@@ -549,7 +562,7 @@ class Engine:
         registration = self.pm.lookup("proposer", recipe.proposer.uses)
         config = self._proposer_config()
         ctx = ProposerContext(recipe=recipe, target=info, sampling=sampling, run_dir=self.run_dir, base_dir=self.loaded.base_dir,
-                              build_session=self.build_draft_session,
+                              build_session=self.build_draft_session, exported_graph=self._exported.get,
                               reference_output=lambda i: read_only_copy(baseline[i]))
         try:
             return registration.factory(config, ctx)
