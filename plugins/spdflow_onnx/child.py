@@ -67,7 +67,9 @@ def export_in_child(request):
         tail = (stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         raise StageError(f"export: the export process failed: {tail}",
                          hint="rerun with SPDFLOW_EXPORT_CHILD=0 to export in-process and see the traceback")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    # The child's own high-water mark (RUSAGE_CHILDREN would be the largest of every child this
+    # process has waited for, e.g. a GGUF conversion's).
+    peak = result["peak_rss_mb"]
     request.progress(f"exported in a child process (its peak RSS {peak:,.0f} MiB; this process never loads torch)")
     work = Path(request.work_dir)
     return ExportResult(onnx_path=work / result["onnx"], model_info=ModelInfo.from_json(result["model_info"]),
@@ -96,7 +98,8 @@ def _child() -> int:
         return 3
     work = Path(job["work_dir"])
     say("result", json.dumps({"onnx": result.onnx_path.name, "model_info": result.model_info.to_json(),
-                              "files": [str(Path(f).relative_to(work)) for f in result.files]}))
+                              "files": [str(Path(f).relative_to(work)) for f in result.files],
+                              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
     return 0
 
 

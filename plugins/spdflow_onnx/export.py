@@ -24,8 +24,11 @@ lazily so ``spdflow lint`` never loads them.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -52,6 +55,8 @@ ONNX_NAME = "model.onnx"
 #: Extra target outputs a proposer may ask for (ExportRequest.outputs); none by default.
 TARGET_OUTPUTS = ("head_logits", "hidden_states")
 DATA_NAME = "model.onnx.data"
+#: tensors this big or bigger (as onnx.save_model measures them) go to the external data file
+SIZE_THRESHOLD = 1024
 
 
 class KVCacheLM(nn.Module):
@@ -359,8 +364,6 @@ def model_info(model, request: ExportRequest) -> ModelInfo:
 
 def export_model(request: ExportRequest) -> ExportResult:
     """Export ``request.model_dir`` to ``request.work_dir/model.onnx`` (+ one external data file)."""
-    import onnx
-
     request.progress(f"loading {request.model_dir}")
     model = load_hf_model(Path(request.model_dir), request.model.dtype)
     outputs = set(request.outputs)
@@ -379,44 +382,30 @@ def export_model(request: ExportRequest) -> ExportResult:
     raw = raw_dir / ONNX_NAME
 
     request.progress(f"tracing {model.config.model_type} ({n_layers} layers) to ONNX opset {OPSET}")
-    with torch.no_grad(), warnings.catch_warnings():
-        # The legacy exporter's DeprecationWarning and TracerWarnings are expected here.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            wrapper,
-            _example_inputs(wrapper, dtype, request.continuous_batching),
-            str(raw),
-            input_names=input_names(n_layers, request.continuous_batching, ccl),
-            output_names=output_names(n_layers, hidden_output),
-            dynamic_axes=dynamic_axes(n_layers, request.continuous_batching, hidden_output, ccl),
-            opset_version=OPSET,
-            do_constant_folding=True,
-            custom_opsets=CUSTOM_OPSETS,
-            dynamo=False,
-        )
-
     info = model_info(model, request)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    # Free the torch model before the ONNX proto (another copy of the weights) is loaded.
-    del model, wrapper, projections
-    import gc
-
-    gc.collect()
-    request.progress("writing weights as one external data file")
-    proto = onnx.load(str(raw))
-    if tied:
-        share_tied_embedding(proto)
-    add_functions(proto)
-    onnx_path = work / ONNX_NAME
-    onnx.save_model(
-        proto,
-        str(onnx_path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=DATA_NAME,
-        size_threshold=1024,
+    trace_args = dict(
+        example=_example_inputs(wrapper, dtype, request.continuous_batching),
+        input_names=input_names(n_layers, request.continuous_batching, ccl),
+        output_names=output_names(n_layers, hidden_output),
+        dynamic_axes=dynamic_axes(n_layers, request.continuous_batching, hidden_output, ccl),
     )
-    del proto
+    onnx_path = work / ONNX_NAME
+    traced = trace_without_weights(wrapper, raw, **trace_args)
+    del model, projections
+    if traced is not None:
+        proto, weights = traced
+        del wrapper
+        request.progress("writing weights one tensor at a time into one external data file")
+        write_model(proto, weights, onnx_path, tied)
+        del proto, weights
+    else:
+        request.progress("this torch's exporter keeps the weights in its proto: exporting them with the graph "
+                         "(about three weight copies in memory)")
+        trace_with_weights(wrapper, raw, **trace_args)
+        del wrapper
+        gc.collect()
+        save_traced(raw, onnx_path, tied)
     shutil.rmtree(raw_dir)
     (work / "model_info.json").write_text(
         json.dumps(info.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8"
@@ -427,6 +416,169 @@ def export_model(request: ExportRequest) -> ExportResult:
         model_info=info,
         files=[onnx_path, work / DATA_NAME, work / "model_info.json"],
     )
+
+
+# ------------------------------------------------------------------------------- tracing and writing
+#
+# torch.onnx.export with export_params=True serializes every weight into its proto and keeps the
+# torch model, the folded (transposed) weights and that proto alive at once: about three weight
+# copies. So the graph is traced with export_params=False, the exporter's own initializer dict
+# (names, and the constant-folded tensors, which are views of the model's weights) is taken as
+# it hands it to the serializer, and the initializers are written one at a time into the
+# external data file: the process holds one copy of the weights. The result is the same
+# model.onnx and model.onnx.data, byte for byte, as exporting the weights with the graph and
+# saving through onnx.save_model (tests/plugins/test_export.py compares them).
+
+#: torch._C passes the capture wraps (private; if a torch lacks them the export keeps the weights in)
+_DEDUPLICATE = "_jit_pass_onnx_deduplicate_initializers"
+_SHAPE_INFERENCE = "_jit_pass_onnx_graph_shape_type_inference"
+
+
+def _export_kwargs(input_names, output_names, dynamic_axes) -> dict:
+    return dict(input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
+                opset_version=OPSET, do_constant_folding=True, custom_opsets=CUSTOM_OPSETS, dynamo=False)
+
+
+def trace_with_weights(wrapper, raw: Path, *, example, input_names, output_names, dynamic_axes) -> None:
+    """The plain export: the weights inside the traced proto at ``raw``."""
+    with torch.no_grad(), warnings.catch_warnings():
+        # The legacy exporter's DeprecationWarning and TracerWarnings are expected here.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapper, example, str(raw), **_export_kwargs(input_names, output_names, dynamic_axes))
+
+
+@contextlib.contextmanager
+def _initializers_captured():
+    """While exporting, record the exporter's final initializer dict and keep float weights out of
+    its whole-graph shape inference (which copies every initializer it is given into ONNX
+    tensors; weights never decide a shape: their types are already on the graph inputs).
+
+    Yields the dict that fills in when the exporter deduplicates its initializers (its last step
+    before serializing), or None when this torch lacks the passes."""
+    passes = torch._C
+    if not (hasattr(passes, _DEDUPLICATE) and hasattr(passes, _SHAPE_INFERENCE)):
+        yield None
+        return
+    deduplicate, infer = getattr(passes, _DEDUPLICATE), getattr(passes, _SHAPE_INFERENCE)
+    captured: dict = {}
+
+    def record(graph, params, *rest):
+        result = deduplicate(graph, params, *rest)
+        captured.clear()
+        captured.update(result)
+        return result
+
+    def infer_without_weights(graph, params, *rest):
+        return infer(graph, {k: v for k, v in params.items() if not v.is_floating_point()}, *rest)
+
+    setattr(passes, _DEDUPLICATE, record)
+    setattr(passes, _SHAPE_INFERENCE, infer_without_weights)
+    try:
+        yield captured
+    finally:
+        setattr(passes, _DEDUPLICATE, deduplicate)
+        setattr(passes, _SHAPE_INFERENCE, infer)
+
+
+def trace_without_weights(wrapper, raw: Path, *, example, input_names, output_names, dynamic_axes):
+    """Trace ``wrapper`` to ``raw`` with no weights in the proto.
+
+    Returns ``(proto, weights)``: the graph with every initializer declared (name, type, shape,
+    in the exporter's order) but holding no data, and ``{name: tensor}`` for their values. None
+    when this torch's exporter cannot be followed that way (the caller then exports with weights).
+    """
+    import onnx
+
+    with torch.no_grad(), warnings.catch_warnings(), _initializers_captured() as captured:
+        warnings.simplefilter("ignore")
+        if captured is None:
+            return None
+        torch.onnx.export(wrapper, example, str(raw), export_params=False,
+                          **_export_kwargs(input_names, output_names, dynamic_axes))
+    proto = onnx.load(str(raw))
+    graph = proto.graph
+    declared = {v.name: v for v in graph.input}
+    weights = {name: tensor.detach() for name, tensor in captured.items()}
+    if not weights or graph.initializer or any(
+            name not in declared or _onnx_dtype(t) is None for name, t in weights.items()):
+        return None
+    # export_params=True writes the initializers in graph-input order after the real inputs.
+    kept = [v for v in graph.input if v.name not in weights]
+    order = [v.name for v in graph.input if v.name in weights]
+    del graph.input[:]
+    graph.input.extend(kept)
+    for name in order:
+        tensor = weights[name]
+        graph.initializer.add(name=name, dims=list(tensor.shape), data_type=_onnx_dtype(tensor))
+    return proto, weights
+
+
+_ONNX_DTYPES = {
+    torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
+    torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16,
+}
+
+
+def _onnx_dtype(tensor) -> int | None:
+    return _ONNX_DTYPES.get(tensor.dtype)
+
+
+def _as_numpy(tensor) -> np.ndarray:
+    """A numpy array of ``tensor`` sharing its memory where numpy can (bfloat16 as raw uint16)."""
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+    return tensor.numpy()
+
+
+def _raw_bytes(tensor) -> memoryview:
+    """``tensor``'s bytes in row-major order (one copy of one tensor when it is a transposed view)."""
+    return memoryview(np.ascontiguousarray(_as_numpy(tensor))).cast("B")
+
+
+def write_model(proto, weights: dict, onnx_path: Path, tied: bool) -> None:
+    """Write ``proto`` (initializers declared, values in ``weights``) as ``onnx_path`` plus one
+    external data file, one tensor at a time, laid out exactly as ``onnx.save_model`` lays out
+    the same model with its data inline (:func:`save_traced`)."""
+    import onnx
+    from onnx import numpy_helper
+
+    def value(name: str) -> np.ndarray:
+        return _as_numpy(weights[name]) if name in weights else numpy_helper.to_array(inits[name])
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    if tied:
+        share_tied_embedding(proto, value)
+    add_functions(proto)
+    empty = sys.getsizeof(b"")  # onnx.save_model compares sys.getsizeof(raw_data) with the threshold
+    with open(onnx_path.parent / DATA_NAME, "wb") as data:
+        for tensor in proto.graph.initializer:
+            if tensor.HasField("raw_data"):
+                raw = memoryview(tensor.raw_data)
+            else:
+                raw = _raw_bytes(weights.pop(tensor.name))
+            if empty + raw.nbytes < SIZE_THRESHOLD:
+                tensor.raw_data = bytes(raw)
+                continue
+            offset = data.tell()
+            data.write(raw)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for key, entry in (("location", DATA_NAME), ("offset", offset), ("length", raw.nbytes)):
+                tensor.external_data.add(key=key, value=str(entry))
+            del raw
+    onnx.save_model(proto, str(onnx_path))
+
+
+def save_traced(raw: Path, onnx_path: Path, tied: bool) -> None:
+    """Load a proto traced with its weights and save it as ``onnx_path`` + one external data file."""
+    import onnx
+
+    proto = onnx.load(str(raw))
+    if tied:
+        share_tied_embedding(proto)
+    add_functions(proto)
+    onnx.save_model(proto, str(onnx_path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_NAME, size_threshold=SIZE_THRESHOLD)
 
 
 def _projections(model, model_dir: Path) -> nn.ModuleList:
@@ -442,18 +594,22 @@ def _projections(model, model_dir: Path) -> nn.ModuleList:
 # ------------------------------------------------------------------------------- tied embeddings
 
 
-def share_tied_embedding(proto) -> list[str]:
+def share_tied_embedding(proto, value=None) -> list[str]:
     """Store a tied embedding once: every ``MatMul(x, W)`` whose initializer W is exactly the
     transpose of another initializer E (the tracer folds ``lm_head.weight.T`` into a copy of the
     embedding) becomes ``Gemm(x as 2-D, E, transB=1)`` reshaped back, and W is dropped.
 
     Returns the names of the dropped initializers. Exact equality is checked, so an untied head
-    that happens to have the transposed shape is never touched.
+    that happens to have the transposed shape is never touched. ``value(name)`` gives an
+    initializer's array (default: its data in the proto).
     """
     from onnx import helper, numpy_helper
 
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
+    if value is None:
+        def value(name):
+            return numpy_helper.to_array(inits[name])
     by_shape: dict[tuple, list[str]] = {}
     for t in graph.initializer:
         if len(t.dims) == 2:
@@ -468,8 +624,8 @@ def share_tied_embedding(proto) -> list[str]:
             rows, cols = inits[weight].dims
             candidates = [n for n in by_shape.get((cols, rows), []) if n != weight]
             if candidates:
-                w = numpy_helper.to_array(inits[weight])
-                source = next((n for n in candidates if np.array_equal(numpy_helper.to_array(inits[n]).T, w)), None)
+                w = value(weight)
+                source = next((n for n in candidates if np.array_equal(value(n).T, w)), None)
         if source is None:
             new_nodes.append(node)
             continue

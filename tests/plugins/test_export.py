@@ -188,3 +188,57 @@ def test_export_plugin_import_does_not_load_torch():
     code = "import sys, spdflow_onnx, spdflow_ort; print('torch' in sys.modules, 'onnxruntime' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def _export_with_weights_in_the_trace(model_dir: Path, work: Path, continuous_batching: bool, ccl: bool,
+                                      outputs: tuple[str, ...]) -> None:
+    """The export as it was before weights were written one at a time: the traced proto holds
+    every weight, then onnx.save_model moves them to the external data file."""
+    from spdflow_onnx import export as ex
+
+    model = load_hf_model(model_dir)
+    projections = ex._projections(model, model_dir) if "head_logits" in outputs else None
+    hidden = "hidden_states" in outputs
+    wrapper = ex.KVCacheLM(model, continuous_batching, projections, hidden, ccl).eval()
+    n = wrapper.num_layers
+    work.mkdir(parents=True)
+    raw = work / "traced.onnx"
+    ex.trace_with_weights(wrapper, raw, example=ex._example_inputs(wrapper, torch.float32, continuous_batching),
+                          input_names=ex.input_names(n, continuous_batching, ccl),
+                          output_names=ex.output_names(n, hidden),
+                          dynamic_axes=ex.dynamic_axes(n, continuous_batching, hidden, ccl))
+    ex.save_traced(raw, work / "model.onnx", bool(model.config.tie_word_embeddings))
+
+
+@pytest.mark.parametrize("tied, continuous_batching, ccl, outputs", [
+    (True, False, False, ()),
+    (False, True, True, ("hidden_states",)),
+    (False, False, False, ("head_logits",)),
+])
+def test_export_writes_the_same_files_as_tracing_with_the_weights(tmp_path, tiny_speculator_model_dir, tied,
+                                                                   continuous_batching, ccl, outputs):
+    if "head_logits" in outputs:
+        model_dir = tiny_speculator_model_dir
+    else:
+        model_dir = make_tiny_model(tmp_path / "model", tie_word_embeddings=tied, num_layers=3)
+    messages: list[str] = []
+    request = ExportRequest(model=ModelSpec(id=str(model_dir)), model_dir=model_dir, role="target",
+                            continuous_batching=continuous_batching, work_dir=tmp_path / "streamed",
+                            progress=messages.append, outputs=outputs, ccl=ccl)
+    (tmp_path / "streamed").mkdir()
+    result = spdflow_export(request=request)
+    assert any("one tensor at a time" in m for m in messages), messages
+    _export_with_weights_in_the_trace(model_dir, tmp_path / "reference", continuous_batching, ccl, outputs)
+
+    ours = onnx.load(str(result.onnx_path), load_external_data=False)
+    ref = onnx.load(str(tmp_path / "reference" / "model.onnx"), load_external_data=False)
+    assert [(t.name, t.data_type, list(t.dims)) for t in ours.graph.initializer] == \
+        [(t.name, t.data_type, list(t.dims)) for t in ref.graph.initializer]
+    assert [n.SerializeToString() for n in ours.graph.node] == [n.SerializeToString() for n in ref.graph.node]
+    if tied:
+        # the embedding is stored once: no initializer holds its transpose
+        shapes = [tuple(t.dims) for t in ours.graph.initializer if len(t.dims) == 2]
+        assert (4096, 64) in shapes and (64, 4096) not in shapes
+    assert result.onnx_path.read_bytes() == (tmp_path / "reference" / "model.onnx").read_bytes()
+    assert (result.onnx_path.parent / "model.onnx.data").read_bytes() == \
+        (tmp_path / "reference" / "model.onnx.data").read_bytes()
