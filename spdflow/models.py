@@ -131,8 +131,11 @@ def prepare_model_dir(located: Path, dtype: str, cache_root: Path, *, progress: 
         work = target.with_name(target.name + ".tmp")
         shutil.rmtree(work, ignore_errors=True)
         try:
-            (progress or (lambda _m: None))(f"converting {located.name} to a {dtype} Hugging Face folder")
-            convert_gguf(located, work, dtype)
+            say = progress or (lambda _m: None)
+            say(f"converting {located.name} to a {dtype} Hugging Face folder")
+            peak = convert_gguf(located, work, dtype)
+            if peak is not None:
+                say(f"converted {located.name} in a child process (its peak RSS {peak:,.0f} MiB)")
             cache.write_done(work, {"source": str(located), "dtype": dtype})
             if target.exists():
                 shutil.rmtree(target)
@@ -143,14 +146,16 @@ def prepare_model_dir(located: Path, dtype: str, cache_root: Path, *, progress: 
     return target, False
 
 
-def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "float32") -> None:
+def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "float32") -> float | None:
     """Write the Hugging Face folder (config, safetensors, tokenizer, generation config) of a GGUF
     file, weights dequantised to ``dtype``.
 
     transformers loads GGUF (dequantising) but ``save_pretrained`` refuses a GGUF-loaded model, so
     the architecture is rebuilt from its config and the state dict loaded strictly into it: the
-    saved model's logits equal the GGUF-loaded model's exactly. Runs in a child process so the
-    two in-memory copies never count towards the run's peak memory."""
+    saved model's logits equal the GGUF-loaded model's exactly. Runs in a child process so its
+    memory (torch, the GGUF reader, the dequantised weights) never counts towards the run's peak.
+
+    Returns the child's peak RSS in MiB (None if it did not say)."""
     import subprocess
     import sys
 
@@ -161,6 +166,11 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "float32") -> None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise StageError(f"converting the GGUF file '{gguf}' failed: {tail}",
                          hint="check that the file is a complete GGUF of a Llama/Qwen-family model")
+    kind, _, value = (proc.stdout.strip().splitlines() or [""])[-1].partition(" ")
+    try:
+        return float(value) if kind == "peak_rss_mb" else None
+    except ValueError:
+        return None
 
 
 def _require_gguf_support() -> None:
@@ -187,8 +197,10 @@ def _convert_in_process(gguf: Path, out_dir: Path, dtype: str) -> None:
     generation = loaded.generation_config
     if hasattr(config, "quantization_config"):  # the saved folder is plain weights, not GGUF
         delattr(config, "quantization_config")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    model.load_state_dict(state, strict=True)
+    # Built without storage and handed the loaded tensors themselves: one copy of the weights.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model.load_state_dict(state, strict=True, assign=True)
     del loaded, state
     model.generation_config = generation
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,4 +262,7 @@ def _from_hf_cache(model_id: str, revision: str | None) -> Path | None:
 if __name__ == "__main__":  # the GGUF conversion child of convert_gguf
     import sys
 
+    import resource
+
     _convert_in_process(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+    print("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, flush=True)

@@ -118,6 +118,19 @@ def test_gguf_is_converted_once_per_content_and_dtype(tmp_path, monkeypatch):
     assert folder == first and cached
 
 
+def test_gguf_conversion_reports_the_child_peak_memory(tmp_path, monkeypatch):
+    def convert(gguf, out_dir, dtype="float32"):
+        _fake_convert([])(gguf, out_dir, dtype)
+        return 987.4
+
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    messages: list[str] = []
+    prepare_model_dir(gguf, "float32", tmp_path / "cache", progress=messages.append)
+    assert messages[-1] == "converted m.gguf in a child process (its peak RSS 987 MiB)"
+
+
 def test_gguf_without_its_extra_names_the_command(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     # both missing, whatever this environment has (CI installs neither; a dev venv may have accelerate)
