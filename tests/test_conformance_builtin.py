@@ -1,9 +1,15 @@
 """The built-in proposers pass the conformance suite every third-party proposer runs."""
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
-from spdflow.testing.conformance import ProposerConformance
+from spdflow.api import Proposal
+from spdflow.hookspecs import hookimpl
+from spdflow.testing.conformance import SAMPLED, ProposerConformance, run_scenario, sampled_fit
+from spdflow.testing.fixtures import fresh_plugin_manager
 
 
 class TestPromptLookup(ProposerConformance):
@@ -73,3 +79,72 @@ class TestEagleEmbedded(TestMultiProjectionEmbedded):
     """The trained EAGLE layer the embedded target ships."""
 
     proposer = "eagle"
+
+
+# ------------------------------------------------- the sampled check can fail
+
+class AlwaysAccept:
+    """A deliberately wrong acceptor: keeps every drafted token, then samples one more."""
+
+    name = "conformance_always_accept"
+
+    def accept(self, logits, rows, sampling):
+        from spdflow_decoding.acceptance import sample_from, target_distribution
+
+        out = []
+        for i, row in enumerate(rows):
+            n = len(row.proposal.tokens)
+            bonus = sample_from(target_distribution(logits[i, n], sampling), row.rng)
+            out.append(np.append(row.proposal.tokens, bonus).astype(np.int64))
+        return out
+
+
+class BrokenPlugin:
+    """Registers AlwaysAccept and ``lying_<proposer>``: the proposer claiming its drafts were
+    sampled from a uniform distribution (they are its argmax: point masses)."""
+
+    __name__ = "conformance_broken"
+
+    def __init__(self, proposer: str):
+        self.proposer = proposer
+
+    @hookimpl
+    def spdflow_register_acceptors(self, register):
+        register(AlwaysAccept.name, AlwaysAccept, description="keeps every draft (wrong on purpose)")
+
+    @hookimpl
+    def spdflow_register_proposers(self, register):
+        inner = fresh_plugin_manager().lookup("proposer", self.proposer)
+
+        def factory(config, ctx):
+            proposer = inner.factory(config, ctx)
+            honest = proposer.propose
+            vocab = ctx.target.vocab_size
+
+            def propose(inputs):
+                return [Proposal(p.tokens, np.full((len(p.tokens), vocab), 1.0 / vocab, dtype=np.float32))
+                        for p in honest(inputs)]
+
+            proposer.propose = propose
+            return proposer
+
+        factory.target_outputs = getattr(inner.factory, "target_outputs", ())
+        register(f"lying_{self.proposer}", factory, config=inner.config, description="lies about its q")
+
+
+@pytest.mark.parametrize(("proposer", "fault"), [("multi_projection", "always-accept"), ("eagle", "lying-q")])
+def test_the_sampled_check_catches_a_wrong_acceptor_or_draft_distribution(proposer, fault, embedded_target_dir,
+                                                                          tmp_path):
+    """The same scenario and fit as the suite's sampled test, with a fault injected: it must
+    fail. (Each fault fails it for both proposers, p < 1e-14 when measured; two cases keep the
+    suite short.)"""
+    plugin = BrokenPlugin(proposer)
+    if fault == "always-accept":
+        name, scenario = proposer, dataclasses.replace(SAMPLED, acceptance=AlwaysAccept.name)
+    else:
+        name, scenario = f"lying_{proposer}", SAMPLED
+    run = run_scenario(name, {}, scenario, embedded_target_dir, tmp_path, plugins=(plugin,))
+    assert run.error is None, run.error
+    fit = sampled_fit(run, embedded_target_dir)
+    assert fit.accepted_drafts > 0
+    assert fit.pvalue < 1e-6, f"{fault}: p = {fit.pvalue:.2g} ({fit.accepted_drafts} drafts accepted)"

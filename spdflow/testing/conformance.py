@@ -15,8 +15,10 @@ than slots; K-lists [3], [0, 4] and [1, 2, 4, 7]); every proposal fits ``k_max``
 vocabulary; the context the engine shows the proposer always equals prompt + the tokens it was
 told about (``add_request`` / ``on_accepted``); steps forced to K = 0 do not change what a
 deterministic proposer proposes; a request stops at an EOS inside accepted drafts; and the
-config round-trips through its schema. Runs are cached per session, so the whole suite costs
-about six short generations per proposer.
+config round-trips through its schema. At temperature > 0 (``SAMPLED``, rejection sampling)
+the generated tokens must be a sample of the target model's own distribution, computed
+independently with torch from the same weights (:func:`sampled_fit`). Runs are cached per
+session, so the whole suite costs about seven short generations per proposer.
 
 A config that needs a path from a fixture overrides the ``proposer_config`` fixture instead of
 setting ``config``. Use absolute paths: the suite writes its recipes in a temp directory.
@@ -53,6 +55,10 @@ class Scenario:
     prompts: int = 2
     k_policy: str = REFERENCE_POLICY
     model: str = "tiny"  # "tiny" or "eos" (tiny_eos_model_dir)
+    #: (temperature, top_k) of a sampled scenario: every request gets the same prompt
+    sampling: tuple[float, int] | None = None
+    max_new_tokens: int | None = None  # None: MAX_NEW_TOKENS
+    acceptance: str = "auto"  # the recipe's acceptance rule
 
 
 SCENARIOS = (
@@ -64,6 +70,15 @@ SCENARIOS = (
     Scenario("eos-batch1-K1,2,4,7", (1, 2, 4, 7), prompts=3, model="eos"),
 )
 SCENARIO_IDS = [s.id for s in SCENARIOS]
+#: The sampled scenario: 48 requests, 16 new tokens each, T = 1 with top-k 8, K-list [4]: the
+#: tokens must be a sample of the target's own distribution (see :func:`sampled_fit`). Seeds
+#: are fixed, so the outcome is reproducible.
+SAMPLED = Scenario("sampled-batch8-K4", (4,), batch_size=8, prompts=48, sampling=(1.0, 8), max_new_tokens=16)
+#: A sampled fit whose p-value is below this fails the suite (the runs are seeded: a failure
+#: repeats; a correct proposer fails with about this probability over seeds).
+SAMPLED_P_MIN = 1e-3
+#: Equal-width bins of the PIT values in the chi-squared test.
+PIT_BINS = 20
 #: Decode steps cost ~1 ms on the tiny model; longer outputs give random models time to repeat
 #: themselves, so lookup proposers get drafts accepted and rejected.
 MAX_NEW_TOKENS = 40
@@ -215,14 +230,20 @@ def run_scenario(proposer: str, config: dict, scenario: Scenario, model_dir: Pat
     pm = fixtures.fresh_plugin_manager(*plugins)
     recording = Recording()
     pm.add_plugin(ConformancePlugin(pm.lookup("proposer", proposer), recording), "conformance")
+    sampled = scenario.sampling is not None
     recipe = fixtures.tiny_recipe(
         model_dir, work_dir / "run", proposer={"uses": CHECKED, "with": config}, k_list=scenario.k_list,
         batch_size=scenario.batch_size, full_batch_size=scenario.full_batch_size,
         prompts=[fixtures.CODE_PROMPTS[i % len(fixtures.CODE_PROMPTS)] for i in range(scenario.prompts)],
-        max_new_tokens=MAX_NEW_TOKENS, k_policy=scenario.k_policy, name="conformance")
+        max_new_tokens=scenario.max_new_tokens or MAX_NEW_TOKENS, k_policy=scenario.k_policy, name="conformance")
+    if sampled:
+        temperature, top_k = scenario.sampling
+        recipe["workload"].update(temperature=temperature, top_k=top_k, ignore_eos=True, count=scenario.prompts)
+    recipe["acceptance"] = scenario.acceptance
     path = fixtures.write_recipe(work_dir / f"{scenario.id}.yaml", recipe)
     try:
-        state, error = fixtures.run_in_process(pm, path), None
+        # sampled runs skip the no-spec comparison: identity is not expected there
+        state, error = fixtures.run_in_process(pm, path, check_lossless=not sampled), None
     except SpdflowError as exc:
         state, error = None, exc
     return ScenarioRun(scenario, state, error, recording)
@@ -257,7 +278,7 @@ class Conformance:
     plugins: Sequence[Any] = ()
 
     def run(self, scenario_id: str) -> ScenarioRun:
-        scenario = next(s for s in SCENARIOS if s.id == scenario_id)
+        scenario = next(s for s in (*SCENARIOS, SAMPLED) if s.id == scenario_id)
         return self.store.get(self.proposer, self.config, scenario, self.model_dirs, self.plugins)
 
     def registration(self):
@@ -370,6 +391,18 @@ class ProposerConformance:
             f"(request, context length) {differ[0]}: {plain.recording.proposals[differ[0]]} vs "
             f"{alternating.recording.proposals[differ[0]]}")
 
+    def test_sampling_reproduces_the_target_distribution(self, conformance):
+        """At T > 0 speculation must not change what is sampled: the generated tokens are a
+        sample of the target's distribution (rejection sampling with the proposer's drafts, and
+        its draft probabilities if it gives any)."""
+        run = conformance.run(SAMPLED.id)
+        _assert_ran(run)
+        assert not run.recording.violations, "\n".join(run.recording.violations[:20])
+        fit = sampled_fit(run, conformance.model_dirs["tiny"])
+        assert fit.pvalue > SAMPLED_P_MIN, (
+            f"the sampled tokens do not fit the target's distribution (PIT chi-squared p = {fit.pvalue:.2g} over "
+            f"{fit.tokens} tokens, {fit.outside} outside the top-k, {fit.accepted_drafts} drafted tokens accepted)")
+
     def test_eos_inside_accepted_tokens_stops_the_request(self, conformance):
         run = conformance.run("eos-batch1-K1,2,4,7")
         _assert_ran(run)
@@ -380,6 +413,83 @@ class ProposerConformance:
             early = [t for t in output["tokens"][:-1] if t in eos]
             assert not early, f"request {output['request']} kept generating after EOS {early[0]}"
         assert run.state.lossless["identical"]
+
+
+@dataclass
+class SampledFit:
+    """How the tokens of a sampled run fit the target's distribution."""
+
+    pvalue: float  # chi-squared test of the PIT values for uniformity
+    tokens: int  # generated tokens tested
+    accepted_drafts: int  # drafted tokens the verify steps kept (0: speculation never mattered)
+    outside: int  # generated tokens the target gives probability 0 (top-k): must be 0
+
+
+def _target_probs(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
+    """softmax(logits / T) over the top_k largest logits (ties with the k-th kept), float64, on
+    the last axis. Written here, apart from the engine's sampling code, so the check does not
+    share its bugs."""
+    x = np.asarray(logits, dtype=np.float64) / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = np.sort(x, axis=-1)[..., -top_k, None]
+        x = np.where(x < kth, -np.inf, x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def chi2_uniform_pvalue(values: np.ndarray, bins: int) -> float:
+    """p-value of Pearson's chi-squared test that ``values`` in [0, 1) are uniform (equal bins)."""
+    counts = np.bincount(np.minimum((np.asarray(values) * bins).astype(int), bins - 1), minlength=bins)
+    expected = len(values) / bins
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    df = bins - 1
+    try:
+        from scipy.stats import chi2
+
+        return float(chi2.sf(stat, df))
+    except ImportError:  # Wilson-Hilferty
+        import math
+
+        z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+        return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def sampled_fit(run: ScenarioRun, model_dir: Path, seed: int = 0) -> SampledFit:
+    """Whether the tokens of a sampled run are a sample of the target's distribution.
+
+    The target's conditional distribution of every generated token given its context is
+    computed with torch (transformers) from ``model_dir`` at the run's temperature and top-k.
+    Each token's randomized probability integral transform, with the vocabulary ranked from
+    most to least likely, ``u = P(tokens ranked before x) + v * p(x)`` with ``v ~ U(0, 1)``, is
+    uniform on [0, 1) and independent of the others exactly when every token was drawn from its
+    conditional distribution (Rosenblatt), whatever the proposals and however many were
+    accepted. A sampler that keeps drafts too often (a wrong acceptance rule, or a proposer
+    that misstates its draft probabilities) puts too many tokens at the top ranks.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    temperature, top_k = run.scenario.sampling
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    rng = np.random.default_rng(seed)
+    pits, outside = [], 0
+    for output in run.state.outputs:
+        prompt, tokens = list(output["prompt_tokens"]), list(output["tokens"])
+        if not tokens:
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:len(prompt) - 1 + len(tokens)]
+        probs = _target_probs(logits.numpy(), temperature, top_k)
+        for p, token in zip(probs, tokens):
+            if p[token] <= 0:
+                outside += 1
+                continue
+            order = np.argsort(-p, kind="stable")
+            rank = int(np.flatnonzero(order == token)[0])
+            pits.append(float(p[order[:rank]].sum()) + rng.random() * float(p[token]))
+    pvalue = chi2_uniform_pvalue(np.array(pits), PIT_BINS) if not outside else 0.0
+    accepted = sum(row["accepted"] for step in run.steps() for row in step["rows"])
+    return SampledFit(pvalue, len(pits) + outside, accepted, outside)
 
 
 def _eos_ids(model_dir: Path) -> list[int]:
