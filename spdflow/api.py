@@ -405,6 +405,12 @@ class Acceptor:
     """
 
     name: str = ""
+    #: The workload temperatures at which this acceptor keeps the target's output distribution
+    #: (lossless): "zero" (greedy decoding only), "positive" (sampling only), "any", or None
+    #: (not declared). ``acceptance: auto`` picks a lossless one (:func:`spdflow.plugins.resolve_acceptance`)
+    #: and a recipe naming one that is not lossless at its temperature is an error (SPD037).
+    #: Read from the registered factory, so set it on the class.
+    lossless_at: str | None = None
 
     def accept(
         self, logits: np.ndarray, rows: Sequence[AcceptRow], sampling: Sampling

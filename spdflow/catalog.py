@@ -91,8 +91,9 @@ FINDINGS: tuple[CatalogEntry, ...] = (
     _finding("SPD036", "num_speculative_tokens <list> speculates but the recipe has no proposer",
              "A K > 0 is compiled with nothing to propose tokens.",
              "Add a proposer, or set num_speculative_tokens: 0."),
-    _finding("SPD037", "acceptance 'greedy' with temperature <t> would change the output distribution",
-             "Greedy acceptance is lossless only for greedy decoding.", "Use acceptance: rejection (or auto)."),
+    _finding("SPD037", "acceptance '<name>' with temperature <t> would change the output distribution",
+             "The acceptor is not lossless at that temperature (as its plugin declares): greedy acceptance is "
+             "lossless only for greedy decoding.", "Use acceptance: auto, which picks one that is lossless there."),
     _lint("SPD101", "the K-list <list> is not sorted; it is compiled as <sorted>", "An unsorted K-list reads like a mistake.",
           "Write it sorted."),
     _lint("SPD102", "K <k> is listed more than once", "Duplicate K values compile once.", "List each K once."),

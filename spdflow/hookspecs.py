@@ -102,7 +102,9 @@ def spdflow_register_acceptors(register: Callable[..., None]) -> None:
     Called once when the plugin manager's registry is first built.
 
     :param register: ``register(name, factory, description="")``; ``factory()`` returns a
-        :class:`spdflow.api.Acceptor`.
+        :class:`spdflow.api.Acceptor`. Its ``lossless_at`` ("zero", "positive", "any") says at
+        which temperatures it keeps the output distribution: ``acceptance: auto`` picks from those,
+        and naming one at a temperature it does not keep is SPD037.
 
     Return value is ignored.
     """

@@ -284,6 +284,46 @@ def required_ks(policy, k_list) -> list[int]:
     return list(ask(k_list)) if ask is not None else sorted(set(k_list))
 
 
+#: How specific an acceptor's ``lossless_at`` is (``acceptance: auto`` prefers the most specific).
+_LOSSLESS_AT = {"zero": 0, "positive": 0, "any": 1}
+
+
+def lossless_at(registration: Registration, temperature: float) -> bool | None:
+    """Whether the acceptor of ``registration`` keeps the output distribution at ``temperature``
+    (None: it does not declare it, :attr:`spdflow.api.Acceptor.lossless_at`)."""
+    declared = getattr(registration.factory, "lossless_at", None)
+    if declared not in _LOSSLESS_AT:
+        return None
+    return declared == "any" or declared == ("zero" if temperature == 0 else "positive")
+
+
+def auto_acceptor(pm: "SpdflowPluginManager", temperature: float) -> str | None:
+    """What ``acceptance: auto`` runs at ``temperature``: of the registered acceptors lossless
+    there, one declared for that kind of decoding alone before one for any temperature, then
+    spdflow's own before a third party's, then by name. None when none is lossless."""
+    registrations = {r.name: r for r in pm.registry()["acceptor"].values()}.values()
+    lossless = [r for r in registrations if lossless_at(r, temperature)]
+    if not lossless:
+        return None
+
+    def rank(r: Registration):
+        info = pm.infos.get(r.plugin)
+        return (_LOSSLESS_AT[r.factory.lossless_at], (info.distribution if info else None) != "spdflow", r.name)
+
+    return min(lossless, key=rank).name
+
+
+def resolve_acceptance(pm: "SpdflowPluginManager", recipe) -> str:
+    """The acceptor a recipe runs: the one it names, or for ``auto`` :func:`auto_acceptor`."""
+    if recipe.acceptance != "auto":
+        return recipe.acceptance
+    name = auto_acceptor(pm, recipe.workload.temperature)
+    if name is None:
+        raise PluginError(f"acceptance auto: no installed acceptor keeps the output distribution at temperature "
+                          f"{recipe.workload.temperature}", hint="name one with acceptance: NAME (see `spdflow plugins`)")
+    return name
+
+
 def speculates(policy, k_list) -> bool:
     """Whether ``policy`` ever verifies K > 0 on this K-list (else no proposer is built)."""
     return max(required_ks(policy, k_list), default=0) > 0

@@ -58,6 +58,7 @@ def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> tuple[str, li
     """The plan as text (stages; for every program, the target's and each auxiliary model's:
     specializations, program dir and exact compile command) and the
     preflight findings that would stop the run (the backend's absence only noted); runs nothing."""
+    from spdflow.plugins import resolve_acceptance
     from spdflow.preflight import preflight
 
     findings = preflight(loaded, pm)
@@ -69,7 +70,7 @@ def dry_run_plan(pm, loaded: LoadedRecipe, options: RunOptions) -> tuple[str, li
              f"output: {recipe.output_dir()}",
              f"model: {recipe.model.id} ({recipe.model.dtype})",
              f"proposer: {recipe.proposer.uses if recipe.proposer else 'none (no-spec)'}; "
-             f"K-list {recipe.k_list()}; k_policy {recipe.k_policy.uses}; acceptance {recipe.resolved_acceptance()}",
+             f"K-list {recipe.k_list()}; k_policy {recipe.k_policy.uses}; acceptance {resolve_acceptance(pm, recipe)}",
              "stages: export -> specialize -> compile -> generate -> report"
              + ("" if len(programs) == 1 else " (export, specialize and compile once per program)")
              + (" (generate skipped: --compile-only)" if options.compile_only else ""),

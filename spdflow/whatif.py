@@ -38,7 +38,7 @@ import numpy as np
 from spdflow.api import CostContext, CostModel, ModelInfo, Request, Sampling
 from spdflow.errors import RunDataError, UsageError
 from spdflow.bench import own_settings
-from spdflow.plugins import make_k_policy, required_ks, speculates
+from spdflow.plugins import make_k_policy, required_ks, resolve_acceptance, speculates
 from spdflow.recipe.schema import KPolicySpec
 
 #: logit of every token but the recorded one: exp(LOW / T) is 0 for any temperature spdflow allows
@@ -412,7 +412,7 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     rows = spec.full_batch_size or spec.batch_size
     session = ReplaySession(run, rows, cost, clock, spec.prefill_seq_len, measured_prefill(run))
     engine = Engine(pm, loaded, RunOptions(), NullUI())
-    acceptor = pm.lookup("acceptor", recipe.resolved_acceptance()).factory()
+    acceptor = pm.lookup("acceptor", resolve_acceptance(pm, recipe)).factory()
     proposer, name = None, ""
     if with_proposer:
         reference = dict(run.outputs)

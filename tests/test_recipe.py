@@ -224,3 +224,63 @@ def test_set_into_an_absent_section_merges_with_its_defaults(write_recipe, pm):
 def test_numbers_that_reach_the_os_are_bounded(write_recipe, pm, override, where):
     loaded = read_recipe(write_recipe(), pm, [override])
     assert any(f.code == "SPD014" and f.message.startswith(where) for f in loaded.errors), [f.render() for f in loaded.findings]
+
+
+class _Greedyish:
+    """Third-party acceptors: one lossless only at temperature 0, one that declares nothing."""
+
+    lossless_at = "zero"
+
+    def accept(self, logits, rows, sampling):
+        raise NotImplementedError
+
+
+class _Undeclared(_Greedyish):
+    lossless_at = None
+
+
+def _with_acceptors(pm):
+    from spdflow.hookspecs import hookimpl
+
+    class Acceptors:
+        @hookimpl
+        def spdflow_register_acceptors(self, register):
+            register("my_greedy", _Greedyish)
+            register("mystery", _Undeclared)
+
+    pm.add_plugin(Acceptors(), "third_party_acceptors")
+    return pm
+
+
+@pytest.mark.parametrize("temperature, expected", [(0.0, "greedy"), (0.7, "rejection")])
+def test_acceptance_auto_asks_the_acceptors_which_is_lossless(write_recipe, pm, temperature, expected):
+    from spdflow.plugins import resolve_acceptance
+
+    _with_acceptors(pm)  # a third party's greedy-only acceptor does not displace spdflow's own
+    text = f"version: 1\nname: t\nmodel: {{id: x}}\nworkload: {{builtin: code, temperature: {temperature}}}\n"
+    loaded = read_recipe(write_recipe(text), pm)
+    assert not [f for f in loaded.errors if f.code == "SPD037"]
+    assert resolve_acceptance(pm, loaded.recipe) == expected
+
+
+@pytest.mark.parametrize("acceptance, found", [("my_greedy", True), ("mystery", False), ("rejection", False)])
+def test_spd037_names_the_acceptor_the_recipe_chose(write_recipe, pm, acceptance, found):
+    _with_acceptors(pm)
+    text = f"version: 1\nname: t\nmodel: {{id: x}}\nacceptance: {acceptance}\nworkload: {{builtin: code, temperature: 0.7}}\n"
+    findings = [f for f in read_recipe(write_recipe(text), pm).errors if f.code == "SPD037"]
+    assert bool(findings) == found
+    if found:
+        assert "acceptance 'my_greedy' with temperature 0.7 would change the output distribution" in findings[0].render()
+        assert "use acceptance: auto (rejection at this temperature)" in findings[0].render()
+
+
+def test_spd037_when_auto_finds_no_lossless_acceptor(write_recipe):
+    from spdflow.errors import PluginError
+    from spdflow.plugins import get_plugin_manager, resolve_acceptance
+
+    pm = _with_acceptors(get_plugin_manager(load_entry_points=False))  # no spdflow_decoding: no rejection
+    loaded = read_recipe(write_recipe("version: 1\nname: t\nmodel: {id: x}\nworkload: {builtin: code, temperature: 0.7}\n"), pm)
+    assert [f.message for f in loaded.errors if f.code == "SPD037"] == [
+        "acceptance auto finds no installed acceptor that keeps the output distribution at temperature 0.7"]
+    with pytest.raises(PluginError, match="no installed acceptor keeps the output distribution"):
+        resolve_acceptance(pm, loaded.recipe)

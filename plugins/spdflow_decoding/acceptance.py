@@ -149,6 +149,7 @@ class GreedyAcceptor(Acceptor):
     """Accept the proposal prefix that matches the target's argmax, plus one target token."""
 
     name = "greedy"
+    lossless_at = "zero"
 
     def accept(self, logits, rows, sampling):
         return accept_greedy(logits, rows)
@@ -158,6 +159,7 @@ class RejectionAcceptor(Acceptor):
     """Lossless speculative sampling; greedy at temperature 0."""
 
     name = "rejection"
+    lossless_at = "any"
 
     def accept(self, logits, rows, sampling):
         return accept_rejection(logits, rows, sampling)

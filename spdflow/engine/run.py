@@ -32,7 +32,7 @@ from spdflow.api import (
 from spdflow.engine import cache
 from spdflow.errors import LosslessError, PluginError, PreflightError, RunInterrupted, SpdflowError, StageError
 from spdflow.files import atomic_dir
-from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, speculates
+from spdflow.plugins import backend_ccl, make_k_policy, plugin_config, resolve_acceptance, speculates
 from spdflow.recipe.loader import LoadedRecipe
 from spdflow.recipe.schema import DevicesSpec, ModelSpec, Recipe
 
@@ -465,7 +465,7 @@ class Engine:
 
     def make_acceptor(self):
         """A fresh acceptor of the recipe's acceptance rule."""
-        return self.pm.lookup("acceptor", self.recipe.resolved_acceptance()).factory()
+        return self.pm.lookup("acceptor", resolve_acceptance(self.pm, self.recipe)).factory()
 
     def close_sessions(self) -> None:
         """Close every session this engine opened (errors while closing are ignored)."""

@@ -86,13 +86,24 @@ def check_proposer_for_k(recipe: Recipe, doc: YamlDocument) -> list[Finding]:
                     "add a proposer (e.g. uses: prompt_lookup) or set num_speculative_tokens: 0")]
 
 
-def check_greedy_at_temperature_zero(recipe: Recipe, doc: YamlDocument) -> list[Finding]:
-    """Greedy acceptance preserves the output only when decoding is greedy."""
-    if recipe.acceptance != "greedy" or recipe.workload.temperature == 0:
+def check_lossless_acceptance(recipe: Recipe, doc: YamlDocument, pm) -> list[Finding]:
+    """The acceptor must keep the output distribution at the workload's temperature, as its
+    plugin declares it (``Acceptor.lossless_at``; greedy acceptance is lossless only for greedy
+    decoding). Run by the loader, which has the registry; an unknown name is SPD023's."""
+    from spdflow.plugins import auto_acceptor, lossless_at
+
+    temperature = recipe.workload.temperature
+    registration = pm.registry()["acceptor"].get(recipe.acceptance)
+    auto = auto_acceptor(pm, temperature)
+    if recipe.acceptance == "auto" and auto is None:
+        return [Finding(doc.location(("acceptance",)), "SPD037",
+                        f"acceptance auto finds no installed acceptor that keeps the output distribution at "
+                        f"temperature {temperature}", "name an acceptor with acceptance: NAME (see `spdflow plugins`)")]
+    if registration is None or lossless_at(registration, temperature) is not False:
         return []
     return [Finding(doc.location(("acceptance",)), "SPD037",
-                    f"acceptance 'greedy' with temperature {recipe.workload.temperature} would change the output distribution",
-                    "use acceptance: rejection (or auto) when sampling")]
+                    f"acceptance '{registration.name}' with temperature {temperature} would change the output distribution",
+                    f"use acceptance: auto ({auto} at this temperature)" if auto else "use acceptance: auto")]
 
 
 CHECKS: tuple[Callable[[Recipe, YamlDocument], list[Finding]], ...] = (
@@ -103,7 +114,6 @@ CHECKS: tuple[Callable[[Recipe, YamlDocument], list[Finding]], ...] = (
     check_max_new_tokens_fits,
     check_one_prompt_source,
     check_proposer_for_k,
-    check_greedy_at_temperature_zero,
 )
 
 

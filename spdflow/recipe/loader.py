@@ -303,6 +303,7 @@ def validate_document(document: YamlDocument, pm, path: Path, root: Path | None 
     for kind, attribute in (("proposer", "proposer_config"), ("backend", "backend_config"), ("k_policy", "k_policy_config")):
         setattr(loaded, attribute, validate_plugin_config(recipe, kind, document, pm, loaded.findings))
     loaded.findings.extend(checks.run_checks(recipe, document))
+    loaded.findings.extend(checks.check_lossless_acceptance(recipe, document, pm))
     return loaded
 
 

@@ -171,10 +171,5 @@ class Recipe(Strict):
         """The sorted, deduplicated K-list the program is compiled for."""
         return sorted(set(self.num_speculative_tokens))
 
-    def resolved_acceptance(self) -> str:
-        if self.acceptance != "auto":
-            return self.acceptance
-        return "greedy" if self.workload.temperature == 0 else "rejection"
-
     def output_dir(self) -> Path:
         return Path(self.output) if self.output else Path("runs") / self.name
