@@ -317,6 +317,26 @@ class AuxiliaryModel:
     graph: str = "causal_lm"
 
 
+@dataclass(frozen=True)
+class PeerEquivalent:
+    """How other engines run the speculation a proposer's config describes, for
+    ``spdflow bench --peers``: ``lookup_ngram``, an n-gram lookup in the tokens so far matching
+    up to that many tokens (HF's prompt lookup decoding, llama.cpp's LlamaPromptLookupDecoding);
+    ``assistant_model``, a draft model written like the recipe's ``model.id`` (HF's assisted
+    generation). A proposer declares it through a method ``peer_equivalent(self) ->
+    PeerEquivalent`` on its config model; peers then run those modes beside their plain greedy one."""
+
+    lookup_ngram: int | None = None
+    assistant_model: str | None = None
+
+
+def peer_equivalent(config: Any) -> PeerEquivalent:
+    """What a proposer's validated config declares other engines can run (nothing when it
+    declares nothing)."""
+    declare = getattr(config, "peer_equivalent", None)
+    return declare() if callable(declare) else PeerEquivalent()
+
+
 def auxiliary_models(config: Any) -> list[AuxiliaryModel]:
     """The models a proposer's validated config declares (none when it declares nothing)."""
     declare = getattr(config, "auxiliary_models", None)

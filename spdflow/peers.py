@@ -38,20 +38,20 @@ from typing import Any
 
 def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> dict[str, Any]:
     """The JSON job the child runs: model dirs, prompt ids, generation settings, which peers."""
+    from spdflow.api import PeerEquivalent, peer_equivalent
     from spdflow.models import locate_model, prepare_model_dir
 
     located = locate_model(recipe.model.id, loaded.base_dir, recipe.model.revision,
                            allow_outside=loaded.allow_outside_paths)
     model_dir, _ = prepare_model_dir(located, recipe.model.dtype, recipe.output_dir())  # the run's own conversion
-    proposer = recipe.proposer
-    uses = proposer.uses if proposer is not None else None
-    config = loaded.proposer_config
+    # what the recipe's proposer says other engines can run of it
+    same = peer_equivalent(loaded.proposer_config) if recipe.proposer is not None else PeerEquivalent()
     modes = ["hf_greedy"]
     draft_dir = None
-    if batch_size == 1 and uses == "prompt_lookup":
+    if batch_size == 1 and same.lookup_ngram:
         modes.append("hf_prompt_lookup")
-    if batch_size == 1 and uses == "draft_model":
-        draft_dir = str(prepare_model_dir(locate_model(config.model, loaded.base_dir, key="proposer.with.model",
+    if batch_size == 1 and same.assistant_model:
+        draft_dir = str(prepare_model_dir(locate_model(same.assistant_model, loaded.base_dir, key="proposer.with.model",
                                                        allow_outside=loaded.allow_outside_paths),
                                           recipe.model.dtype, recipe.output_dir())[0])
         modes.append("hf_assisted")
@@ -60,7 +60,7 @@ def peer_job(loaded, recipe, info, requests, batch_size: int, repeats: int) -> d
         "prompts": [r.prompt_ids.tolist() for r in requests], "max_new_tokens": recipe.workload.max_new_tokens,
         "eos_token_ids": [] if recipe.workload.ignore_eos else list(info.eos_token_ids),
         "pad_token_id": info.pad_token_id, "batch_size": batch_size, "repeats": repeats,
-        "k": max(recipe.k_list()), "ngram": getattr(config, "prompt_lookup_max", 2) if uses == "prompt_lookup" else 2,
+        "k": max(recipe.k_list()), "lookup_ngram": same.lookup_ngram or 2,
         "threads": recipe.devices.with_.get("threads"),  # the backend's thread count, when it has one
     }
 
@@ -263,7 +263,7 @@ def _generate(model, prompts: list[list[int]], job: dict, mode: str, assistant=N
         mask[row, width - len(prompt):] = 1
     kwargs: dict[str, Any] = {}
     if mode == "hf_prompt_lookup":
-        kwargs.update(prompt_lookup_num_tokens=job["k"], max_matching_ngram_size=job["ngram"])
+        kwargs.update(prompt_lookup_num_tokens=job["k"], max_matching_ngram_size=job["lookup_ngram"])
     elif mode == "hf_assisted":
         kwargs.update(assistant_model=assistant)
         assistant.generation_config.num_assistant_tokens = job["k"]

@@ -124,3 +124,97 @@ def test_import_spdflow_hookspecs_first_in_a_fresh_interpreter():
             "assert h.hookspec and not heavy, heavy; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# the core names no plugin
+#
+# Rule: a string literal in spdflow/ (code, not a docstring; comments are not in the AST) that is
+# a registered proposer, backend, K policy or acceptor name, or that names one in quotes inside a
+# message (``"... 'greedy' ..."``), is the core knowing a plugin by name. The names come from the
+# registry at test time (aliases included), so a renamed or new built-in is covered too. The core
+# asks a plugin what it needs instead (a policy's required_ks, an acceptor's temperatures, a
+# proposer config's peer_equivalent). Docstrings and help prose may mention plugins (unquoted in
+# help text). The only literals allowed sit in the module-level definitions below, each with why:
+# registration defaults and output field names, not lookups; a new entry needs a reason of that kind.
+
+NAMED_KINDS = ("proposer", "backend", "k_policy", "acceptor")
+
+ALLOWED_DEFINITIONS = {
+    ("spdflow/recipe/schema.py", "REFERENCE_POLICY"): "the recipe's default K policy, bench's reference row",
+    ("spdflow/recipe/schema.py", "DEFAULT_BACKEND"): "the recipe's default backend, the CPU reference",
+    ("spdflow/bench.py", "DEFAULT_MODES"): "the default of bench --modes, policy names the user could type",
+    ("spdflow/advise.py", "advice_json"): "the advice JSON's 'nospec' field (an output key, not a lookup)",
+    ("spdflow/report/model.py", "ENVIRONMENT_PACKAGES"): "the onnxruntime wheel's version, not the backend",
+}
+
+
+def registered_names() -> dict[str, str]:
+    """name -> kind, for every name (and alias) of the kinds the core must not know."""
+    from spdflow.plugins import get_plugin_manager
+
+    registry = get_plugin_manager().registry()
+    names = {}
+    for kind in NAMED_KINDS:
+        for name, registration in registry[kind].items():
+            for each in (name, *registration.aliases):
+                names[each] = kind
+    return names
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (module, class, function)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def _defined(statement: ast.stmt) -> str:
+    """The name a module-level statement defines (a def, class or assigned constant), else ''."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return statement.name
+    targets = statement.targets if isinstance(statement, ast.Assign) else \
+        [statement.target] if isinstance(statement, ast.AnnAssign) else []
+    return next((t.id for t in targets if isinstance(t, ast.Name)), "")
+
+
+def plugin_names_in_core(names: dict[str, str], root: Path = PACKAGE) -> list[tuple[str, str, int, str, str]]:
+    """(path, module-level definition, line, name, the literal) for every plugin name a string
+    literal under ``root`` holds."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _docstrings(tree)
+        where = path.relative_to(root.parent).as_posix()
+        for statement in tree.body:
+            for node in ast.walk(statement):
+                if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in skip:
+                    continue
+                for name in names:
+                    if node.value == name or f"'{name}'" in node.value:
+                        hits.append((where, _defined(statement), node.lineno, name, node.value))
+    return hits
+
+
+def test_the_core_names_no_policy_acceptor_proposer_or_backend():
+    names = registered_names()
+    # the built-ins are registered, so the scan has names to look for
+    assert {"smallest_covering", "nospec", "greedy", "rejection", "prompt_lookup", "onnxruntime", "qaic"} <= set(names)
+    found = plugin_names_in_core(names)
+    hits = sorted(h for h in found if (h[0], h[1]) not in ALLOWED_DEFINITIONS)
+    assert not hits, "plugin names in spdflow/ outside the registration defaults:\n" + "\n".join(
+        f"{path}:{line} ({where or 'module'}): {names[name]} '{name}' in {text!r}" for path, where, line, name, text in hits)
+    stale = set(ALLOWED_DEFINITIONS) - {(h[0], h[1]) for h in found}
+    assert not stale, f"allow-list entries that name no plugin any more: {sorted(stale)}"
+
+
+def test_the_plugin_name_scan_finds_names_and_skips_docstrings(tmp_path):
+    (tmp_path / "a.py").write_text('"""uses \'greedy\' here."""\nX = "nospec"\ndef f():\n    """fixed."""\n'
+                                   '    raise ValueError(f"acceptance \'greedy\' at {1}")\nY = "a fixed K"\n')
+    hits = [(where, line, name) for _, where, line, name, _ in
+            plugin_names_in_core({"greedy": "acceptor", "nospec": "k_policy", "fixed": "k_policy"}, tmp_path)]
+    assert sorted(hits) == [("X", 2, "nospec"), ("f", 5, "greedy")]

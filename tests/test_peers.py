@@ -63,7 +63,7 @@ def test_absent_engine_is_skipped_with_one_line(monkeypatch, tiny_model):
 def test_child_failure_is_one_stage_error(tmp_path):
     job = {"model_dir": str(tmp_path / "missing"), "draft_dir": None, "modes": ["hf_greedy"], "prompts": [[1, 2]],
            "max_new_tokens": 2, "eos_token_ids": [], "pad_token_id": 0, "batch_size": 1, "repeats": 1, "k": 2,
-           "ngram": 2, "threads": 1, "work_dir": str(tmp_path)}
+           "lookup_ngram": 2, "threads": 1, "work_dir": str(tmp_path)}
     with pytest.raises(StageError, match=r"^the hf peer failed: .*missing"):
         peers.PeerProcess("hf", job)
 
@@ -71,7 +71,7 @@ def test_child_failure_is_one_stage_error(tmp_path):
 def _job(model_dir, tmp_path, prompts, max_new=12):
     return {"model_dir": str(model_dir), "draft_dir": None, "modes": ["hf_greedy"], "prompts": prompts,
             "max_new_tokens": max_new, "eos_token_ids": [], "pad_token_id": 0, "batch_size": 1, "repeats": 1,
-            "k": 3, "ngram": 2, "threads": 1, "work_dir": str(tmp_path / "work")}
+            "k": 3, "lookup_ngram": 2, "threads": 1, "work_dir": str(tmp_path / "work")}
 
 
 def _runs(family, job):
@@ -149,3 +149,27 @@ def test_llama_cpp_peer_gives_hf_greedy_tokens(tiny_model, tmp_path):
     assert set(runs) == {"llama_cpp_greedy", "llama_cpp_prompt_lookup"}
     assert runs["llama_cpp_greedy"]["tokens"] == hf
     assert runs["llama_cpp_prompt_lookup"]["tokens"] == hf
+
+
+@pytest.mark.parametrize("proposer, batch, modes, ngram", [
+    ("{uses: prompt_lookup, with: {prompt_lookup_max: 4}}", 1, ["hf_greedy", "hf_prompt_lookup"], 4),
+    ("{uses: ngram, with: {prompt_lookup_max: 2}}", 1, ["hf_greedy", "hf_prompt_lookup"], 2),  # the alias too
+    ("{uses: prompt_lookup, with: {prompt_lookup_max: 4}}", 2, ["hf_greedy"], 4),
+    ("{uses: draft_model, with: {model: MODEL}}", 1, ["hf_greedy", "hf_assisted"], 2),
+    ("{uses: suffix}", 1, ["hf_greedy"], 2),
+])
+def test_peer_modes_follow_what_the_proposer_declares(tiny_model, tmp_path, pm, proposer, batch, modes, ngram):
+    from types import SimpleNamespace
+
+    from spdflow.recipe.loader import load_recipe
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"version: 1\nname: peers\nmodel: {{id: {tiny_model}}}\nproposer: {proposer.replace('MODEL', str(tiny_model))}\n"
+                    f"num_speculative_tokens: [0, 3]\noutput: {tmp_path / 'runs'}\n")
+    loaded = load_recipe(path, pm, allow_outside_paths=True)
+    loaded.allow_outside_paths = True
+    requests = [SimpleNamespace(prompt_ids=np.array([1, 2, 3]))]
+    info = SimpleNamespace(eos_token_ids=(0,), pad_token_id=0)
+    job = peers.peer_job(loaded, loaded.recipe, info, requests, batch, 1)
+    assert job["modes"] == modes and job["lookup_ngram"] == ngram and job["k"] == 3
+    assert (job["draft_dir"] is not None) == ("hf_assisted" in modes)

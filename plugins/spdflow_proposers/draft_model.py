@@ -37,7 +37,8 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from spdflow.api import AuxiliaryModel, ModelInfo, Proposal, ProposeInput, Proposer, Request, Sampling
+from spdflow.api import (AuxiliaryModel, ModelInfo, PeerEquivalent, Proposal, ProposeInput, Proposer, Request,
+                         Sampling)
 from spdflow.errors import RecipeError, StageError
 
 #: The draft's decode shapes: one token, and two for the bonus-token catch-up.
@@ -75,6 +76,10 @@ class DraftModelConfig(BaseModel):
             role="draft", model_id=self.model, k_list=DRAFT_K_LIST,
             device_ids=tuple(self.device_ids) if self.device_ids else None, num_cores=self.num_cores,
         )]
+
+    def peer_equivalent(self) -> PeerEquivalent:
+        """HF's assisted generation with the same draft."""
+        return PeerEquivalent(assistant_model=self.model)
 
 
 # ------------------------------------------------------------------------------ compatibility

@@ -24,7 +24,7 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spdflow.api import Proposal, ProposeInput, Proposer
+from spdflow.api import PeerEquivalent, Proposal, ProposeInput, Proposer
 
 
 class PromptLookupConfig(BaseModel):
@@ -48,6 +48,10 @@ class PromptLookupConfig(BaseModel):
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
         return self
+
+    def peer_equivalent(self) -> PeerEquivalent:
+        """HF's and llama.cpp's prompt lookup, matching up to ``prompt_lookup_max`` tokens."""
+        return PeerEquivalent(lookup_ngram=self.prompt_lookup_max)
 
 
 def find_continuation(

@@ -43,7 +43,7 @@ class Driver:
         kwargs = dict(model_path=str(path), n_ctx=longest, n_batch=512, verbose=False, seed=0)
         if threads:
             kwargs.update(n_threads=threads, n_threads_batch=threads)
-        self.lookup = LlamaPromptLookupDecoding(num_pred_tokens=job["k"], max_ngram_size=job["ngram"])
+        self.lookup = LlamaPromptLookupDecoding(num_pred_tokens=job["k"], max_ngram_size=job["lookup_ngram"])
         self.llm = Llama(**kwargs)
         self.engine = f"llama-cpp-python {llama_cpp.__version__} (f32 GGUF)"
         self._generate(job["prompts"][0], min(8, job["max_new_tokens"]), None)  # warm-up, untimed
