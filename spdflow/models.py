@@ -16,6 +16,7 @@ content hash and the dtype like any stage) so everything downstream reads one ki
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -191,7 +192,8 @@ def _convert_in_process(gguf: Path, out_dir: Path, dtype: str) -> None:
     hf_logging.disable_progress_bar()
     torch_dtype = getattr(torch, dtype)
     folder, name = str(gguf.parent), gguf.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype, local_files_only=True)
+    with _file_pages_released_after_dequantising():
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype, local_files_only=True)
     state = loaded.state_dict()
     config = loaded.config
     generation = loaded.generation_config
@@ -207,6 +209,53 @@ def _convert_in_process(gguf: Path, out_dir: Path, dtype: str) -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     tokenizer.save_pretrained(out_dir)
+
+
+def release_file_pages(array) -> bool:
+    """Drop the pages of a read-only memory-mapped file under ``array`` from this process's
+    resident set (the file is unchanged; reading them again faults them back in from it).
+
+    True when released; nothing happens (False) for any other array."""
+    import mmap
+
+    import numpy as np
+
+    mapping = getattr(array, "_mmap", None)
+    dont_need = getattr(mmap, "MADV_DONTNEED", None)
+    if (not isinstance(mapping, mmap.mmap) or getattr(array, "mode", None) != "r" or dont_need is None
+            or not array.flags.c_contiguous):
+        return False
+    start = array.ctypes.data - np.frombuffer(mapping, dtype=np.uint8).ctypes.data
+    page = mmap.PAGESIZE
+    low, high = -(-start // page) * page, (start + array.nbytes) // page * page  # whole pages inside
+    if not 0 <= low < high <= len(mapping):
+        return False
+    mapping.madvise(dont_need, low, high - low)
+    return True
+
+
+@contextlib.contextmanager
+def _file_pages_released_after_dequantising():
+    """transformers' GGUF loader dequantises every tensor of a memory-mapped GGUF file and keeps
+    the mapping until the last one: each tensor's file pages would stay resident beside its
+    dequantised copy (94 MiB for SmolLM2's Q4_1 file). Each is dropped once dequantised."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    dequantize = gguf.dequantize
+
+    def dequantize_and_release(data, qtype):
+        out = dequantize(data, qtype)
+        release_file_pages(data)
+        return out
+
+    gguf.dequantize = dequantize_and_release
+    try:
+        yield
+    finally:
+        gguf.dequantize = dequantize
 
 
 def resolve_model_dir(model_id: str, base_dir: Path, revision: str | None = None, *, key: str = "model.id",

@@ -232,3 +232,19 @@ def test_gguf_outside_the_recipe_folder_is_spd112_and_pkg_is_not(tmp_path, pm):
     findings = lint_paths([str(recipe)], pm).findings
     assert "SPD112" not in [f.code for f in findings]
     assert any(f.code == "SPD111" and "pip install no-such-dist-xyz" in f.message for f in findings)
+
+
+def test_release_file_pages_drops_only_a_read_only_mapping_and_keeps_its_data(tmp_path):
+    import numpy as np
+
+    values = np.arange(8 * 4096, dtype=np.float32)
+    path = tmp_path / "weights.bin"
+    values.tofile(path)
+    view = np.memmap(path, dtype=np.float32, mode="r")[1000:20000]
+    assert float(view.sum()) == float(values[1000:20000].sum())  # every page read
+    assert models.release_file_pages(view)
+    assert np.array_equal(view, values[1000:20000])  # read again from the file
+    assert not models.release_file_pages(values[1000:20000])  # an ordinary array: left alone
+    writable = np.memmap(path, dtype=np.float32, mode="r+")[:8192]
+    assert not models.release_file_pages(writable) and np.array_equal(writable, values[:8192])
+    assert not models.release_file_pages(np.memmap(path, dtype=np.float32, mode="r")[::2])  # not contiguous
