@@ -1,8 +1,8 @@
 """Exporting a large model in a child process (``python -m spdflow_onnx.child``).
 
-Tracing holds the torch model, the traced graph and the ONNX proto at once: for a real model
-that is several copies of the weights, and a run process that did it keeps that high-water mark
-(and torch's libraries) for the rest of its life. So a model whose weights exceed
+Exporting needs torch, transformers and the whole model in memory (one copy of the weights:
+export.py writes them one tensor at a time), and a run process that did it would keep that
+high-water mark (and torch's libraries) for the rest of its life. So a model whose weights exceed
 :data:`CHILD_EXPORT_BYTES` is exported in a child process: the run process never imports torch,
 and its peak memory is the backend's. Tiny models export in-process (a child costs seconds of
 imports). Progress lines stream through; a StageError comes back as the same one sentence.
