@@ -178,7 +178,7 @@ def lr_at(step: int, steps: int, peak: float) -> float:
 
 def train_heads(model, data: dict, args, state: dict) -> torch.nn.ModuleList:
     d = model.config.hidden_size
-    heads = spec.build_projections(d, args.heads, 1)
+    heads = spec.build_projections(d, args.heads, args.head_layers)
     opt = torch.optim.AdamW(heads.parameters(), lr=args.head_lr, weight_decay=0.0)
     start, spent = 0, 0.0
     if "heads_running" in state:
@@ -369,8 +369,8 @@ def eagle_proposer(model, draft, window: int = 48):
     return propose
 
 
-def spec_heads(state: dict, hidden_size: int, num_heads: int):
-    heads = spec.build_projections(hidden_size, num_heads, 1)
+def spec_heads(state: dict, hidden_size: int, num_heads: int, layers: int = 1):
+    heads = spec.build_projections(hidden_size, num_heads, layers)
     heads.load_state_dict({k.removeprefix("projections."): v for k, v in state.items()})
     return heads.eval()
 
@@ -441,6 +441,10 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-layers", type=int, default=1,
+                        help="residual blocks per head (turbo_num_layers); above 1 the blocks have their own weights, "
+                             "which QEfficient 1.22 does not read that way (it repeats one shared block), so the "
+                             "shipped heads use 1")
     parser.add_argument("--head-steps", type=int, default=1500)
     parser.add_argument("--head-batch", type=int, default=256)
     parser.add_argument("--head-lr", type=float, default=3e-3)
@@ -533,15 +537,15 @@ def main(argv=None) -> int:
         done = state["heads_done"]
         save_file(done["state"], str(args.out / spec.SPECULATOR_WEIGHTS))
         write_json(args.out / spec.SPECULATOR_CONFIG,
-                   {"model_type": "turbo", "turbo_num_heads": args.heads, "turbo_num_layers": 1})
+                   {"model_type": "turbo", "turbo_num_heads": args.heads, "turbo_num_layers": args.head_layers})
         write_json(args.out / "speculator_training.json", {
             **common, "kind": "multi-projection heads (Medusa-1, QEfficient turbo layout)",
-            "heads": args.heads, "layers_per_head": 1, "steps": args.head_steps, "batch": args.head_batch,
+            "heads": args.heads, "layers_per_head": args.head_layers, "steps": args.head_steps, "batch": args.head_batch,
             "lr_max": args.head_lr, "lr_schedule": LR_SCHEDULE,
             "train_minutes": round(done["train_minutes"], 2), "eval_minutes": round(done["eval_minutes"], 2),
             "load_average_at_starts": state["load_average"],
             "log": state.get("heads_log", []), "offline_acceptance": done["eval"], "baseline_AL": baseline["AL"],
-            "head_hits": head_hits(model, spec_heads(done["state"], model.config.hidden_size, args.heads), runs)})
+            "head_hits": head_hits(model, spec_heads(done["state"], model.config.hidden_size, args.heads, args.head_layers), runs)})
     if "eagle_done" in state:
         done = state["eagle_done"]
         save_file(done["state"], str(args.out / spec.EAGLE_WEIGHTS))
