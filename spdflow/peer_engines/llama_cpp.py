@@ -43,17 +43,22 @@ class Driver:
         kwargs = dict(model_path=str(path), n_ctx=longest, n_batch=512, verbose=False, seed=0)
         if threads:
             kwargs.update(n_threads=threads, n_threads_batch=threads)
-        self.lookup = LlamaPromptLookupDecoding(num_pred_tokens=job["k"], max_ngram_size=job["lookup_ngram"])
-        self.llm = Llama(**kwargs)
+        # Two instances, as a user would build them: llama-cpp-python sizes its logits buffer for
+        # every position only when ``draft_model`` is given to the constructor (setting it later
+        # aborts in the sampler), and that buffer would slow the plain greedy instance's prefill.
+        # The weights are mmap'ed, so both share one copy of the file's pages.
+        lookup = LlamaPromptLookupDecoding(num_pred_tokens=job["k"], max_ngram_size=job["lookup_ngram"])
+        self.llms = {"llama_cpp_greedy": Llama(**kwargs),
+                     "llama_cpp_prompt_lookup": Llama(**kwargs, draft_model=lookup)}
         self.engine = f"llama-cpp-python {llama_cpp.__version__} (f32 GGUF)"
-        self._generate(job["prompts"][0], min(8, job["max_new_tokens"]), None)  # warm-up, untimed
+        for llm in self.llms.values():  # warm-up, untimed
+            self._generate(llm, job["prompts"][0], min(8, job["max_new_tokens"]))
 
-    def _generate(self, prompt: list[int], max_new: int, draft) -> tuple[list[int], float | None]:
-        self.llm.draft_model = draft
+    def _generate(self, llm, prompt: list[int], max_new: int) -> tuple[list[int], float | None]:
         eos = set(self.job["eos_token_ids"])
         tokens: list[int] = []
         first = None
-        for token in self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+        for token in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
                                        reset=True):
             tokens.append(int(token))
             if first is None:
@@ -65,6 +70,5 @@ class Driver:
     def run(self, mode: str) -> dict:
         from spdflow.peers import timed_pass
 
-        draft = self.lookup if mode == "llama_cpp_prompt_lookup" else None
-        max_new = self.job["max_new_tokens"]
-        return timed_pass(mode, self.job["prompts"], lambda p: self._generate(p, max_new, draft), self.engine)
+        llm, max_new = self.llms[mode], self.job["max_new_tokens"]
+        return timed_pass(mode, self.job["prompts"], lambda p: self._generate(llm, p, max_new), self.engine)
