@@ -43,6 +43,8 @@ class OrtProgram(CompiledProgram):
     session_mode_reason: str = ""
     execution_provider: str = "cpu"
     threads: int | None = None
+    spinning: bool = True
+    spinning_reason: str = ""
 
 
 def spec_file_name(spec: Specialization) -> str:
@@ -259,6 +261,22 @@ def resolve_session_mode(mode: str, qpc_dir: Path, specializations) -> tuple[str
     return "dynamic", f"auto: {sessions} static sessions would add {mib:,.0f} MiB of weight copies"
 
 
+#: spinning auto keeps ORT's spinning pool for models below this many bytes of weights (see
+#: OrtConfig.spinning and benchmarks/README.md, "Threads and spinning on the real model").
+AUTO_SPINNING_MAX_BYTES = 64 * 1024 * 1024
+
+
+def resolve_spinning(setting: str, qpc_dir: Path) -> tuple[bool, str]:
+    """(spin or not, why) for the recipe's ``spinning``."""
+    if setting != "auto":
+        return setting == "on", "set in devices.with"
+    weights = Path(qpc_dir) / "qpc" / WEIGHTS
+    mib = (weights.stat().st_size if weights.is_file() else 0) / 2**20
+    if mib * 2**20 < AUTO_SPINNING_MAX_BYTES:
+        return True, f"auto: {mib:,.0f} MiB of weights, under 64 MiB"
+    return False, f"auto: {mib:,.0f} MiB of weights, 64 MiB or more"
+
+
 def ort_config(request: CompileRequest) -> OrtConfig:
     """The request's validated ``devices.with:`` block (defaults when none was given)."""
     return request.backend_config if request.backend_config is not None else OrtConfig()
@@ -337,6 +355,8 @@ class OrtBackend(Backend):
         config = ort_config(request)
         mode, why = resolve_session_mode(config.session_mode, qpc_dir, request.specializations)
         request.progress(f"session mode {mode} ({why})")
+        spinning, spin_why = resolve_spinning(config.spinning, qpc_dir)
+        request.progress(f"thread spinning {'on' if spinning else 'off'} ({spin_why})")
         return OrtProgram(
             backend=BACKEND_NAME,
             qpc_dir=qpc_dir,
@@ -349,6 +369,8 @@ class OrtBackend(Backend):
             session_mode_reason=why,
             execution_provider=config.execution_provider,
             threads=config.threads,
+            spinning=spinning,
+            spinning_reason=spin_why,
         )
 
     def open_session(self, program: CompiledProgram, *, threads: int | None = None):
@@ -375,6 +397,9 @@ class OrtBackend(Backend):
             execution_provider=getattr(program, "execution_provider", None)
             or defaults.get("execution_provider", "cpu"),
             threads=threads or getattr(program, "threads", None) or defaults.get("threads"),
+            shared_threads=getattr(program, "spinning", None)
+            if getattr(program, "spinning", None) is not None
+            else resolve_spinning(defaults.get("spinning", "auto"), qpc_dir)[0],
         )
 
 

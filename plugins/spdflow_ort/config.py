@@ -18,6 +18,13 @@ class OrtConfig(CclSettings):
     execution_provider: Literal["cpu", "cuda"] = Field(
         "cpu", description="CPU, or the CUDA execution provider when installed."
     )
+    spinning: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Whether ORT's worker threads spin between the ops of a step: on (one process-wide pool, "
+        "ORT's default), off (a sleeping pool per session), or auto (default): on for models under 64 MiB of "
+        "weights (sub-millisecond ops, where waking a sleeping thread costs more than the op), off above "
+        "(spinning threads fight every other process for the cores). The compile stage reports the choice.",
+    )
     session_mode: Literal["auto", "static", "dynamic"] = Field(
         "auto",
         description="One static-shape session per specialization (each holds its own packed copy of the "

@@ -101,7 +101,8 @@ def session_options(threads: int | None, *, shared: bool = True):
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if shared and shared_pool(threads):
+    # Once the process-wide pool exists ORT refuses per-session pools: such a session shares it.
+    if (shared and shared_pool(threads)) or ENVIRONMENT.pool_threads is not None:
         options.use_per_session_threads = False
         return options
     # Several sessions (specializations, draft + target) alternate; spinning pools fight over
@@ -140,9 +141,9 @@ class OrtSession:
     :param threads: intra-op threads per session (None: all cores).
     :param in_place: bind the KV cache in place (default); False uses plain ``run()`` and feeds
         the retained state back, kept for benchmarks and as a reference in tests.
-    :param shared_threads: use the process-wide thread pool (default, see :func:`shared_pool`);
-        False gives this session its own non-spinning pool, which ORT only allows before any
-        session of the process used the shared one.
+    :param shared_threads: use the process-wide thread pool, whose threads spin between ops
+        (default, see :func:`shared_pool`); False gives this session its own pool whose threads
+        sleep when idle (``devices.with.spinning: off``).
     """
 
     def __init__(
@@ -175,6 +176,7 @@ class OrtSession:
         options = session_options(threads, shared=shared_threads)
         self.threads_requested = threads
         self.shared_threads = not options.use_per_session_threads
+        self.spinning_requested = shared_threads
         self.execution_provider = execution_provider
 
         self.input_names = list(self.manifest["inputs"])
@@ -370,8 +372,13 @@ class OrtSession:
     def runtime_facts(self) -> dict:
         """What this session runs with: its thread pool and the threads in effect (see
         :class:`OrtEnvironment`), execution provider and mode; recorded in the run report."""
-        return {**ENVIRONMENT.describe(self.threads_requested, self.shared_threads),
-                "execution_provider": self.execution_provider, "session_mode": self.mode}
+        facts = {**ENVIRONMENT.describe(self.threads_requested, self.shared_threads),
+                 "spinning": self.shared_threads,
+                 "execution_provider": self.execution_provider, "session_mode": self.mode}
+        if self.shared_threads and not self.spinning_requested:
+            facts["spinning_note"] = ("spinning off was asked for, but an earlier session of this process made "
+                                      "ORT's process-wide pool, whose threads spin, and ORT then allows no other")
+        return facts
 
     def close(self) -> None:
         """Release the sessions and the KV cache."""

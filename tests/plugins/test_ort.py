@@ -335,3 +335,59 @@ def test_the_environment_reports_the_threads_a_session_really_runs_on():
     facts = env.describe(1, True)
     assert facts["threads_effective"] == 2 and "made with 2 threads" in facts["note"] and "1 were asked" in facts["note"]
     assert "note" not in env.describe(2, True) and "note" not in env.describe(None, True)
+
+
+def test_spinning_auto_follows_the_weights_size(tmp_path):
+    from spdflow_ort.backend import AUTO_SPINNING_MAX_BYTES, WEIGHTS, resolve_spinning
+
+    (tmp_path / "qpc").mkdir()
+    weights = tmp_path / "qpc" / WEIGHTS
+    weights.write_bytes(b"")
+    with weights.open("r+b") as f:  # sparse: sizes without writing them
+        f.truncate(AUTO_SPINNING_MAX_BYTES - 1)
+    assert resolve_spinning("auto", tmp_path) == (True, "auto: 64 MiB of weights, under 64 MiB")
+    with weights.open("r+b") as f:
+        f.truncate(AUTO_SPINNING_MAX_BYTES)
+    spin, why = resolve_spinning("auto", tmp_path)
+    assert not spin and why == "auto: 64 MiB of weights, 64 MiB or more"
+    assert resolve_spinning("on", tmp_path) == (True, "set in devices.with")
+    assert resolve_spinning("off", tmp_path) == (False, "set in devices.with")
+
+
+@pytest.mark.parametrize("spinning", ["on", "off"])
+def test_spinning_choice_reaches_the_session_and_keeps_tokens(models, spinning):
+    from spdflow_ort import session as ort_session
+
+    # a fresh process's environment: no process-wide pool yet (ORT's own is per process, so a
+    # pool made by an earlier test still exists; it only decides what "off" can get below)
+    real_pool = ort_session.ENVIRONMENT.pool_threads
+    built = models()
+    tokens = prompt(9, seed=6)
+    program = built.compile(spinning=spinning)
+    assert program.spinning is (spinning == "on") and program.spinning_reason == "set in devices.with"
+    session = OrtBackend().open_session(program, threads=1)
+    facts = session.runtime_facts()
+    if spinning == "on" or real_pool is not None:
+        assert facts["spinning"] is True and facts["thread_pool"] == "shared"
+        assert ("spinning_note" in facts) is (spinning == "off")
+    else:
+        assert facts["spinning"] is False and facts["thread_pool"] == "per_session"
+    assert greedy(session, tokens) == hf_greedy(built.hf, tokens)
+
+
+def test_spinning_off_runs_a_sleeping_pool_in_a_fresh_process(tmp_path):
+    """In its own process (ORT's pools are per process): off gives a per-session pool that does not spin."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from spdflow_ort.session import session_options, ENVIRONMENT\n"
+        "off = session_options(2, shared=False)\n"
+        "on = session_options(2, shared=True)\n"
+        "late_off = session_options(2, shared=False)\n"
+        "print(json.dumps([off.use_per_session_threads, off.get_session_config_entry('session.intra_op.allow_spinning'),"
+        " on.use_per_session_threads, late_off.use_per_session_threads, ENVIRONMENT.pool_threads]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[true, \"0\", false, false, 2]"
