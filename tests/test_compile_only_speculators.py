@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from spdflow.cli import cli
+from tests.test_compile_only import workdir  # noqa: F401  (the module's cwd, a fixture)
 
 FAKE_COMPILER = Path(__file__).parent / "plugins" / "fake_qaic_compile"
 RECIPE = """\
@@ -35,15 +36,6 @@ workload:
   prompts: ["def f(x):"]
   max_new_tokens: 4
 """
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("compile_only_speculators")
-    old = os.getcwd()
-    os.chdir(path)
-    yield path
-    os.chdir(old)
 
 
 def compile_only(workdir: Path, name: str, proposer: str, batching: str = "batch_size: 1") -> dict[str, dict]:

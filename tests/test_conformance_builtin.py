@@ -10,6 +10,7 @@ from spdflow.api import Proposal
 from spdflow.hookspecs import hookimpl
 from spdflow.testing.conformance import SAMPLED, ProposerConformance, run_scenario, sampled_fit
 from spdflow.testing.fixtures import fresh_plugin_manager
+from tests.plugins.test_acceptance import AlwaysAccept as WrongAlwaysAccept
 
 
 class TestPromptLookup(ProposerConformance):
@@ -83,20 +84,10 @@ class TestEagleEmbedded(TestMultiProjectionEmbedded):
 
 # ------------------------------------------------- the sampled check can fail
 
-class AlwaysAccept:
-    """A deliberately wrong acceptor: keeps every drafted token, then samples one more."""
+class AlwaysAccept(WrongAlwaysAccept):
+    """A deliberately wrong acceptor (keeps every draft, then samples one more), registered by name."""
 
     name = "conformance_always_accept"
-
-    def accept(self, logits, rows, sampling):
-        from spdflow_decoding.acceptance import sample_from, target_distribution
-
-        out = []
-        for i, row in enumerate(rows):
-            n = len(row.proposal.tokens)
-            bonus = sample_from(target_distribution(logits[i, n], sampling), row.rng)
-            out.append(np.append(row.proposal.tokens, bonus).astype(np.int64))
-        return out
 
 
 class BrokenPlugin:
