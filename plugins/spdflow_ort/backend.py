@@ -247,12 +247,17 @@ def _qconfig(request: CompileRequest, ort_version: str) -> dict:
 AUTO_STATIC_EXTRA_BYTES = 256 * 1024 * 1024
 
 
+def _weights_bytes(qpc_dir: Path) -> int:
+    """Size of the program's weights file (0 when it has none)."""
+    weights = Path(qpc_dir) / "qpc" / WEIGHTS
+    return weights.stat().st_size if weights.is_file() else 0
+
+
 def resolve_session_mode(mode: str, qpc_dir: Path, specializations) -> tuple[str, str]:
     """(static or dynamic, why) for the recipe's ``session_mode``."""
     if mode != "auto":
         return mode, "set in devices.with"
-    weights = Path(qpc_dir) / "qpc" / WEIGHTS
-    size = weights.stat().st_size if weights.is_file() else 0
+    size = _weights_bytes(qpc_dir)
     sessions = len({(s.batch_size, s.seq_len, s.num_logits_to_keep) for s in specializations})
     extra = size * max(sessions - 1, 0)
     mib = extra / 2**20
@@ -270,9 +275,9 @@ def resolve_spinning(setting: str, qpc_dir: Path) -> tuple[bool, str]:
     """(spin or not, why) for the recipe's ``spinning``."""
     if setting != "auto":
         return setting == "on", "set in devices.with"
-    weights = Path(qpc_dir) / "qpc" / WEIGHTS
-    mib = (weights.stat().st_size if weights.is_file() else 0) / 2**20
-    if mib * 2**20 < AUTO_SPINNING_MAX_BYTES:
+    size = _weights_bytes(qpc_dir)
+    mib = size / 2**20
+    if size < AUTO_SPINNING_MAX_BYTES:
         return True, f"auto: {mib:,.0f} MiB of weights, under 64 MiB"
     return False, f"auto: {mib:,.0f} MiB of weights, 64 MiB or more"
 
@@ -388,6 +393,9 @@ class OrtBackend(Backend):
                 f"onnxruntime: {qpc_dir} holds no trusted program ({problem}); run the compile stage again"
             )
         defaults = _recorded_devices(qpc_dir)
+        spinning = getattr(program, "spinning", None)  # a plain CompiledProgram has none: qconfig's
+        if spinning is None:
+            spinning = resolve_spinning(defaults.get("spinning", "auto"), qpc_dir)[0]
         return OrtSession(
             qpc_dir / "qpc",
             specializations=program.specializations,
@@ -397,9 +405,7 @@ class OrtBackend(Backend):
             execution_provider=getattr(program, "execution_provider", None)
             or defaults.get("execution_provider", "cpu"),
             threads=threads or getattr(program, "threads", None) or defaults.get("threads"),
-            shared_threads=getattr(program, "spinning", None)
-            if getattr(program, "spinning", None) is not None
-            else resolve_spinning(defaults.get("spinning", "auto"), qpc_dir)[0],
+            shared_threads=spinning,
         )
 
 
