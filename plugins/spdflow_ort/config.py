@@ -22,7 +22,8 @@ class OrtConfig(CclSettings):
         "auto",
         description="Whether ORT's worker threads spin between the ops of a step: on (one process-wide pool, "
         "ORT's default), off (a sleeping pool per session), or auto (default): on for models under 64 MiB of "
-        "weights (sub-millisecond ops, where waking a sleeping thread costs more than the op), off above "
+        "weights (sub-millisecond ops, where waking a sleeping thread costs more than the op); above, on while "
+        "fewer than half the cores are busy (1-minute load average when the run starts) and off otherwise "
         "(spinning threads fight every other process for the cores). The compile stage reports the choice.",
     )
     session_mode: Literal["auto", "static", "dynamic"] = Field(

@@ -337,7 +337,7 @@ def test_the_environment_reports_the_threads_a_session_really_runs_on():
     assert "note" not in env.describe(2, True) and "note" not in env.describe(None, True)
 
 
-def test_spinning_auto_follows_the_weights_size(tmp_path):
+def test_spinning_auto_follows_the_weights_size_and_the_load(tmp_path):
     from spdflow_ort.backend import AUTO_SPINNING_MAX_BYTES, WEIGHTS, resolve_spinning
 
     (tmp_path / "qpc").mkdir()
@@ -348,8 +348,12 @@ def test_spinning_auto_follows_the_weights_size(tmp_path):
     assert resolve_spinning("auto", tmp_path) == (True, "auto: 64 MiB of weights, under 64 MiB")
     with weights.open("r+b") as f:
         f.truncate(AUTO_SPINNING_MAX_BYTES)
-    spin, why = resolve_spinning("auto", tmp_path)
-    assert not spin and why == "auto: 64 MiB of weights, 64 MiB or more"
+    spin, why = resolve_spinning("auto", tmp_path, machine=(3.0, 2))
+    assert not spin and why == "auto: 64 MiB of weights on a busy machine (load 3.0 on 2 cores)"
+    spin, why = resolve_spinning("auto", tmp_path, machine=(0.4, 2))
+    assert spin and why == "auto: 64 MiB of weights on a quiet machine (load 0.4 on 2 cores)"
+    assert resolve_spinning("auto", tmp_path, machine=(1.0, 2))[0] is False  # half the cores busy: busy
+    assert resolve_spinning("on", tmp_path, machine=(9.0, 2)) == (True, "set in devices.with")
     assert resolve_spinning("on", tmp_path) == (True, "set in devices.with")
     assert resolve_spinning("off", tmp_path) == (False, "set in devices.with")
 
