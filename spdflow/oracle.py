@@ -3,22 +3,33 @@
 Greedy SpD is lossless, so the run's outputs fix the token path whatever K is verified. At
 every point of that path the proposer's proposal is fixed too (it depends only on the tokens so
 far), so how many tokens a verify at K would accept there is known: ``min(K, m)``, with ``m``
-the length of the proposal's prefix that equals the recorded continuation. Knowing ``m`` at
-every point, the fastest schedule — the K of every step — is a shortest path: from point ``e``
-(tokens emitted) a step at K costs the cost model's verify time (plus a switch when K changes)
-and moves to ``e + min(K, m(e)) + 1``. :func:`oracle` solves it exactly (dynamic programming over
-points and the previous K) with the same cost model a what-if replay uses, so
+the length of the proposal's prefix that equals the recorded continuation
+(:func:`match_lengths`). Knowing ``m`` at every point, the fastest schedule — the K of every
+step — is a shortest path priced by a cost model:
 
-* ``policy efficiency`` = the policy's predicted tokens/s ÷ the oracle's, and
-* ``regret`` = the policy's tokens/s ÷ max(no-spec, the best fixed K of the list) − 1
+* one row at a time (batch 1) it is solved exactly by dynamic programming over points and the
+  previous K (:func:`best_schedule`);
+* in a batch one K per step is shared by every row, and rows end and are refilled as the
+  generation loop does; :func:`batch_schedule` searches the states keyed by the rows' points
+  and the previous K, exact while at most ``width`` states are open per step, else a beam of
+  that width — then it is the best schedule found, a lower bound on the true oracle's speed, and
+  the output says so ("oracle (best found, beam W)").
 
-compare like with like. One row at a time: the oracle is computed for batch size 1 (a static
-batch shares one K per step across rows, whose joint best schedule is another problem).
+Beside it, priced by the same cost model:
+
+* ``policy efficiency`` = the policy's tokens/s ÷ the oracle's (above 1 only when the oracle
+  is a beam's best found), and
+* ``regret`` = the policy's tokens/s ÷ max(no-spec, the best fixed K of the list) − 1.
+
+``spdflow whatif --oracle`` replays the policy and the static choices (:func:`oracle_report`);
+``spdflow bench`` and the run report price the runs' own traces (:func:`trace_oracle`).
 """
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -26,51 +37,47 @@ from spdflow.api import CostModel, ProposeInput, Request
 from spdflow.errors import UsageError
 
 
-@dataclass
-class OracleSchedule:
-    """The best schedule's decode cost and shape use (batch 1)."""
-
-    verify_s: float
-    steps: int
-    k_usage: dict[int, int]
-    #: per request: the K of each step of the best schedule
-    schedules: dict[int, list[int]] = field(default_factory=dict)
-
-
-def match_lengths(pm, run, proposer, k_max: int) -> tuple[dict[int, np.ndarray], float, int]:
-    """``m(e)`` for every request and every point ``e`` (tokens emitted, 1 ≤ e < n) of its
-    recorded output: how many leading tokens of the proposal made there (up to ``k_max``) equal
-    what followed. Requests are fed in order, one token at a time, as a no-spec run would.
-    Also returns the proposer's total seconds and number of calls (its time per step)."""
-    out: dict[int, np.ndarray] = {}
+def match_lengths(pm, requests: Sequence[Request], outputs: dict, proposer, budgets: Sequence[int],
+                  ctx_len: int) -> tuple[dict[int, dict[int, np.ndarray]], float, int]:
+    """``m_b(e)`` for every request, every proposal budget ``b`` of ``budgets`` and every point
+    ``e`` (tokens emitted, 1 ≤ e < n) of its recorded output: how many leading tokens of the
+    proposal made there with budget ``b`` equal what followed. The budget is the generation
+    loop's (``b``, clipped by the tokens the request may still emit and by the context), since
+    a proposer may choose differently for another budget (prompt lookup prefers the match with
+    the longest continuation it may use). Requests are fed in order, one token at a time, as a
+    no-spec run would, once per budget. Also returns the proposer's total seconds and number of
+    calls (its time per step)."""
+    out: dict[int, dict[int, np.ndarray]] = {r.index: {} for r in requests}
     seconds, calls = 0.0, 0
-    for request in run.requests:
-        output = np.asarray(run.outputs[request.index], dtype=np.int64)
-        prompt = np.asarray(request.prompt_ids, dtype=np.int64)
-        n = len(output)
-        m = np.zeros(max(n, 1), dtype=np.int64)
-        proposer.add_request(0, request)
-        if n:
-            proposer.on_accepted(0, output[:1].copy())
-        context = np.concatenate([prompt, output])
-        for e in range(1, n):
-            budget = min(k_max, n - e - 1)
-            if budget <= 0:
-                break
-            tokens = context[: len(prompt) + e].copy()
-            tokens.setflags(write=False)
-            start = time.perf_counter()
-            proposal = pm.hook.spdflow_propose(proposer=proposer, inputs=[ProposeInput(
-                0, request.index, tokens, len(prompt), budget)])[0]
-            seconds += time.perf_counter() - start
-            calls += 1
-            drafted = np.asarray(proposal.tokens, dtype=np.int64)[:budget]
-            truth = output[e: e + len(drafted)]
-            same = drafted[: len(truth)] == truth
-            m[e] = len(same) if same.all() else int(np.argmin(same))
-            proposer.on_accepted(0, output[e: e + 1].copy())
-        proposer.remove_request(0)
-        out[request.index] = m
+    for b in sorted({int(b) for b in budgets if b > 0}):
+        for request in requests:
+            output = np.asarray(outputs[request.index], dtype=np.int64)
+            prompt = np.asarray(request.prompt_ids, dtype=np.int64)
+            n = len(output)
+            m = np.zeros(max(n, 1), dtype=np.int64)
+            proposer.add_request(0, request)
+            if n:
+                proposer.on_accepted(0, output[:1].copy())
+            context = np.concatenate([prompt, output])
+            for e in range(1, n):
+                if n - e - 1 <= 0:
+                    break
+                budget = min(b, request.max_new_tokens - e - 1, ctx_len - 1 - len(prompt) - e)
+                if budget > 0:
+                    tokens = context[: len(prompt) + e].copy()
+                    tokens.setflags(write=False)
+                    start = time.perf_counter()
+                    proposal = pm.hook.spdflow_propose(proposer=proposer, inputs=[ProposeInput(
+                        0, request.index, tokens, len(prompt), budget)])[0]
+                    seconds += time.perf_counter() - start
+                    calls += 1
+                    drafted = np.asarray(proposal.tokens, dtype=np.int64)[:budget]
+                    truth = output[e: e + len(drafted)]
+                    same = drafted[: len(truth)] == truth
+                    m[e] = min(len(same) if same.all() else int(np.argmin(same)), n - e - 1)
+                proposer.on_accepted(0, output[e: e + 1].copy())
+            proposer.remove_request(0)
+            out[request.index][b] = m
     return out, seconds, calls
 
 
@@ -108,38 +115,344 @@ def best_schedule(m: np.ndarray, n: int, ks: list[int], cost: CostModel) -> tupl
     return float(total), schedule
 
 
-def oracle(pm, run, cost: CostModel, ks: list[int] | None = None) -> tuple[OracleSchedule, float, int]:
-    """The best schedule of every request of ``run`` over ``ks`` (default: the run's K-list),
-    priced by ``cost`` at batch size 1; also the proposer's seconds and calls (see
-    :func:`match_lengths`)."""
-    from spdflow.engine.run import Engine, NullUI, RunOptions
+# ------------------------------------------------------------------------------ batch > 1
 
-    if run.recipe.workload.temperature != 0:
-        raise UsageError("the oracle needs a greedy run (temperature 0): a sampled run's token path depends on the "
-                         "schedule")
-    if run.recipe.proposer is None:
-        raise UsageError("the oracle needs a run with a proposer: without one every step is K = 0")
-    ks = sorted(set(ks or run.recipe.k_list()) | {0})
-    info = run.model_info
-    engine = Engine(pm, run.loaded, RunOptions(), NullUI())
+#: states a beam keeps per step count (see :func:`batch_schedule`)
+DEFAULT_WIDTH = 64
+#: the previous step's K after a prefill: the next decode pays a switch whatever its K
+AFTER_PREFILL = -1
+
+
+@dataclass
+class StepPrices:
+    """What one decode step costs at one batch size: ``step[K]`` the verify run of K (and any
+    host and proposer work charged per step at that K), ``switch`` the extra time of a step whose
+    K differs from the previous step's or that follows a prefill."""
+
+    step: dict[int, float]
+    switch: float
+
+
+@dataclass
+class Found:
+    """A schedule of a whole workload (or a static group) and its decode time."""
+
+    seconds: float
+    schedule: list[int]
+    #: True when the search proved it optimal (no state was dropped for the beam width)
+    exact: bool
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule)
+
+
+class _Work:
+    """A workload as the search sees it: per request its length ``n`` and, per action, how many
+    proposal tokens a step would accept at each point.
+
+    An action is a K verified with proposals drafted for a budget ``b ≥ K`` (then cut to K, as
+    the loop does when a policy drafts more than it verifies): ``ms[i]`` is one array when the
+    proposer's proposals do not depend on the budget (each K its own action), or ``{b: m_b}``
+    from :func:`match_lengths` (one action per K and budget b ≥ K of the list; K = 0 drafts
+    nothing). Fixed K = k is the action (k, k)."""
+
+    def __init__(self, ms, ns: Sequence[int], ks: Sequence[int]):
+        self.ks = sorted(set(ks))
+        self.ns = [int(n) for n in ns]
+        budgets = sorted(set(ms[0]) if ms and isinstance(ms[0], dict) else [])
+        if budgets:
+            missing = [k for k in self.ks if k > 0 and k not in budgets]
+            if missing:
+                raise ValueError(f"match lengths have no budget {missing[0]}")
+            self.actions = [(k, b if k > 0 else 0) for k in self.ks for b in (budgets if k > 0 else [0]) if b >= k]
+        else:
+            self.actions = [(k, 0) for k in self.ks]
+        self.acc: list[list[list[int]]] = []
+        for m, n in zip(ms, self.ns):
+            rows = []
+            for k, b in self.actions:
+                own = (m[b] if b else np.zeros(max(n, 1), dtype=np.int64)) if budgets else np.asarray(m)
+                room = np.maximum(n - 1 - np.arange(max(n, 1)), 0)  # never past the end
+                rows.append(np.minimum(np.minimum(own[:max(n, 1)], k), room).tolist())
+            self.acc.append(rows)
+
+    def action_of(self, k: int) -> int:
+        """The action of fixed K = ``k``."""
+        return next(a for a, (kk, b) in enumerate(self.actions) if kk == k and (b == k or k == 0 or b == 0))
+
+
+def _row_table(work: _Work, i: int, prices: StepPrices) -> np.ndarray:
+    """``table[e, j]``: least time to take request ``i`` alone from point ``e`` to its end when
+    the previous step verified ``ks[j]`` (the last column: after a prefill), with the batch's
+    step prices. A shared schedule is a feasible schedule for each of its rows, so this bounds
+    the batch's time from below (:func:`batch_schedule`'s heuristic)."""
+    ks, n, acc = work.ks, work.ns[i], work.acc[i]
+    column = {k: j for j, k in enumerate(ks)}
+    width = len(ks)
+    table = np.zeros((max(n, 1) + 1, width + 1))
+    for e in range(n - 1, 0, -1):
+        cand = np.full(width, np.inf)  # best per K of the step
+        for a, (k, _) in enumerate(work.actions):
+            j = column[k]
+            cand[j] = min(cand[j], prices.step[k] + table[min(e + acc[a][e] + 1, n), j])
+        best = cand.min() + prices.switch
+        table[e, :width] = np.minimum(cand, best)
+        table[e, width] = best
+    return table
+
+
+def batch_schedule(ms, ns: Sequence[int], rows: int, continuous: bool, ks: Sequence[int],
+                   prices: StepPrices, width: int = DEFAULT_WIDTH) -> Found:
+    """The fastest K schedule of a workload at batch ``rows``, found in hindsight.
+
+    The mechanics are the generation loop's (:class:`spdflow.engine.generate.Generator`): requests
+    are admitted in order; without continuous batching a group of ``rows`` requests is prefilled
+    once every slot is free, under continuous batching every free slot is refilled before the
+    next step; a step verifies one K for every row, a row at point ``e`` emits
+    ``min(K, m(e), n − e − 1) + 1`` tokens (``ms``/``ns`` per request, see :class:`_Work`),
+    finished rows idle. A step costs ``prices.step[K]``, plus ``prices.switch`` when K changed or a
+    prefill came between (prefills themselves cost the same in every schedule and are left out).
+
+    One row (batch 1, or a static group of one request) is solved exactly by dynamic
+    programming. Otherwise the search runs step by step over states keyed by the row positions
+    (which requests are in the batch and where), the next waiting request and the previous K,
+    keeping a state only when it is reached faster than before (exact), and dropping states
+    whose time so far plus a lower bound of the rest (the slowest row alone, or every row's own
+    best time shared over ``rows`` slots) cannot beat the best schedule already found — that
+    starts as the best single K, so the result is never slower than any fixed K or no-spec.
+    When more than ``width`` states remain at a step, the ``width`` most promising (least time
+    so far plus bound) are kept: the result is then the best schedule found (a feasible
+    schedule: a lower bound on the true oracle's speed), and ``exact`` is False. Static groups
+    are independent (each starts after a prefill) and are searched one at a time.
+    """
+    work = _Work(ms, ns, ks)
+    ns = work.ns
+    tables = [_row_table(work, i, prices) for i in range(len(ns))]
+    if continuous and rows > 1:
+        return _search(work, tables, list(range(len(ns))), rows, True, prices, width)
+    total, schedule, exact = 0.0, [], True
+    size = 1 if continuous else rows
+    for start in range(0, len(ns), size):
+        group = list(range(start, min(start + size, len(ns))))
+        live = [i for i in group if ns[i] > 1]
+        if len(live) == 1:
+            found = _one_row(work, live[0], tables[live[0]], prices)
+        elif live:
+            found = _search(work, tables, group, rows, False, prices, width)
+        else:
+            continue
+        total += found.seconds
+        schedule += found.schedule
+        exact = exact and found.exact
+    return Found(total, schedule, exact)
+
+
+def _one_row(work: _Work, i: int, table: np.ndarray, prices: StepPrices) -> Found:
+    """Read the one-row optimum off its table."""
+    ks, n, acc = work.ks, work.ns[i], work.acc[i]
+    column = {k: j for j, k in enumerate(ks)}
+    schedule, e, previous = [], 1, len(ks)
+    while e < n:
+        options = []
+        for a, (k, _) in enumerate(work.actions):
+            nxt = min(e + acc[a][e] + 1, n)
+            j = column[k]
+            options.append((prices.step[k] + (0.0 if j == previous else prices.switch) + table[nxt, j], nxt, j))
+        _, e, previous = min(options, key=lambda option: option[0])
+        schedule.append(ks[previous])
+    return Found(float(table[1, len(ks)]), schedule, True)
+
+
+class _Batch:
+    """The loop's batch mechanics over the requests ``order`` (see :func:`batch_schedule`)."""
+
+    def __init__(self, work: _Work, order: list[int], rows: int, continuous: bool):
+        self.work, self.order, self.rows, self.continuous = work, order, rows, continuous
+
+    def admit(self, active: tuple, waiting: int, previous: int) -> tuple[tuple, int, int]:
+        """Fill free slots as the loop does before a step (static: only once every slot is free)."""
+        order, ns = self.order, self.work.ns
+        while waiting < len(order) and (len(active) < self.rows if self.continuous else not active):
+            taken = order[waiting: waiting + self.rows - len(active)]
+            waiting += len(taken)
+            active = tuple(sorted(active + tuple((i, 1) for i in taken if ns[i] > 1)))
+            previous = AFTER_PREFILL
+            if active:  # else every admitted request ended at its prefill: admit again
+                break
+        return active, waiting, previous
+
+    def start(self) -> tuple[tuple, int, int]:
+        return self.admit((), 0, AFTER_PREFILL)
+
+    def step(self, state: tuple, action: int) -> tuple[tuple, int, int]:
+        """The state after one step of ``action`` (and the admissions before the next)."""
+        active, waiting, _ = state
+        acc, ns = self.work.acc, self.work.ns
+        moved = []
+        for i, e in active:
+            e += acc[i][action][e] + 1
+            if e < ns[i]:
+                moved.append((i, e))
+        return self.admit(tuple(moved), waiting, self.work.actions[action][0])
+
+    def fixed(self, k: int, prices: StepPrices) -> tuple[float, list[int]]:
+        """Time and schedule of K = ``k`` at every step."""
+        action = self.work.action_of(k)
+        total, schedule = 0.0, []
+        state = self.start()
+        while state[0]:
+            total += prices.step[k] + (prices.switch if state[2] != k else 0.0)
+            state = self.step(state, action)
+            schedule.append(k)
+        return total, schedule
+
+
+def fixed_time(ms, ns, rows: int, continuous: bool, k: int, prices: StepPrices, ks: Sequence[int] | None = None) -> Found:
+    """The decode time of K = ``k`` at every step (no-spec: ``k`` = 0), by the same mechanics and
+    prices as :func:`batch_schedule`."""
+    work = _Work(ms, ns, ks or [0, k])
+    seconds, schedule = _Batch(work, list(range(len(ns))), rows, continuous).fixed(k, prices)
+    return Found(seconds, schedule, True)
+
+
+def _search(work: _Work, tables, order: list[int], rows: int, continuous: bool, prices: StepPrices,
+            width: int) -> Found:
+    """Step-by-step search over (rows in the batch with their points, next waiting request,
+    previous K) for the requests ``order`` (see :func:`batch_schedule`)."""
+    if width < 1:
+        raise UsageError("the oracle's beam width must be at least 1")
+    ks = work.ks
+    batch = _Batch(work, order, rows, continuous)
+    column = {k: j for j, k in enumerate(ks)}
+    column[AFTER_PREFILL] = len(ks)
+    full = [float(t[1, -1]) for t in tables]  # a waiting request's own best time, from its prefill
+    switch = prices.switch
+
+    def bound(active: tuple, waiting: int, previous: int) -> float:
+        """A lower bound of the time left: no row finishes faster than alone, and at most
+        ``rows`` rows share a step."""
+        j = column[previous]
+        own = [float(tables[i][e, j]) for i, e in active]
+        rest = sum(full[i] for i in order[waiting:])
+        return max(max(own, default=0.0), (sum(own) + rest) / rows)
+
+    best_time, best_schedule = min((batch.fixed(k, prices) for k in ks), key=lambda found: found[0])
+    best_node = None  # None: the best is a fixed K (best_schedule)
+    start = batch.start()
+    seen = {start: 0.0}
+    nodes: list[tuple[int, int]] = [(-1, 0)]  # (parent node, K): the schedules as a tree
+    frontier = [(0.0, start, 0)]
+    exact = True
+    tolerance = 1e-12 * max(1.0, best_time)
+    while frontier:
+        children: dict[tuple, tuple[float, float, int, int]] = {}
+        for g, state, node in frontier:
+            if g > seen.get(state, np.inf):
+                continue  # reached faster since
+            previous = state[2]
+            for action, (k, _) in enumerate(work.actions):
+                cost = g + prices.step[k] + (switch if previous != k else 0.0)
+                after = batch.step(state, action)
+                if not after[0]:
+                    if cost < best_time - tolerance:
+                        nodes.append((node, k))
+                        best_time, best_node = cost, len(nodes) - 1
+                    continue
+                if cost >= seen.get(after, np.inf):
+                    continue
+                f = cost + bound(*after)
+                if f >= best_time - tolerance:
+                    continue
+                seen[after] = cost
+                children[after] = (f, cost, node, k)
+        ranked = sorted(children.items(), key=lambda item: item[1][0])
+        if len(ranked) > width:
+            exact = False
+            ranked = ranked[:width]
+        frontier = []
+        for state, (f, cost, node, k) in ranked:
+            if f >= best_time - tolerance:
+                continue
+            nodes.append((node, k))
+            frontier.append((cost, state, len(nodes) - 1))
+    if best_node is None:
+        return Found(best_time, best_schedule, exact)
+    schedule, node = [], best_node
+    while node > 0:
+        parent, k = nodes[node]
+        schedule.append(k)
+        node = parent
+    return Found(best_time, schedule[::-1], exact)
+
+
+@dataclass
+class OracleSchedule:
+    """The best schedule found of a whole run at one batch size."""
+
+    #: decode time: verify runs, switches and the per-step host and proposer work priced
+    decode_s: float
+    steps: int
+    k_usage: dict[int, int]
+    batch_size: int
+    exact: bool
+    width: int
+
+    def label(self) -> str:
+        """How the oracle is named in output: exact, or a beam's best found."""
+        return "oracle" if self.exact else f"oracle (best found, beam {self.width})"
+
+
+def usage(schedule: Sequence[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for k in schedule:
+        counts[k] = counts.get(k, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def lengths_for(pm, engine, info, requests, outputs: dict,
+                budgets: Sequence[int]) -> tuple[dict[int, dict[int, np.ndarray]], float, int]:
+    """:func:`match_lengths` with a fresh greedy proposer of ``engine``'s recipe."""
     from spdflow.api import Sampling
 
-    proposer = engine.make_proposer(info, Sampling(0.0, None, None), dict(run.outputs))
+    proposer = engine.make_proposer(info, Sampling(0.0, None, None), dict(outputs))
     try:
-        lengths, seconds, calls = match_lengths(pm, run, proposer, max(ks))
+        return match_lengths(pm, requests, outputs, proposer, budgets, engine.recipe.specialization.ctx_len)
     finally:
         proposer.close()
+
+
+def check_oracle_run(recipe) -> None:
+    """One sentence when a run has no oracle: sampled, or without a proposer."""
+    if recipe.workload.temperature != 0:
+        raise UsageError("the oracle needs a greedy run (temperature 0): a sampled run's token path depends on the "
+                         "schedule")
+    if recipe.proposer is None:
+        raise UsageError("the oracle needs a run with a proposer: without one every step is K = 0")
+
+
+def oracle(pm, run, cost: CostModel, ks: list[int] | None = None, batch_size: int | None = None,
+           overhead: dict[int, float] | None = None, width: int = DEFAULT_WIDTH) -> tuple[OracleSchedule, float, int]:
+    """The best schedule found of ``run`` over ``ks`` (default: the run's K-list) at
+    ``batch_size`` (default: the run's), each step priced ``cost.verify_s`` plus ``overhead[K]``
+    (host and proposer seconds per step at K, default none) and ``cost.switch_s``; also the
+    proposer's seconds and calls (see :func:`match_lengths`)."""
+    from spdflow.engine.run import Engine, NullUI, RunOptions
+
+    check_oracle_run(run.recipe)
+    ks = sorted(set(ks or run.recipe.k_list()) | {0})
+    batch = batch_size or run.batch_size
+    engine = Engine(pm, run.loaded, RunOptions(), NullUI())
+    try:
+        lengths, seconds, calls = lengths_for(pm, engine, run.model_info, run.requests, run.outputs, ks)
+    finally:
         engine.close_sessions()
-    total, steps, usage, schedules = 0.0, 0, {}, {}
-    for request in run.requests:
-        n = len(run.outputs[request.index])
-        t, schedule = best_schedule(lengths[request.index], n, ks, cost)
-        total += t
-        steps += len(schedule)
-        schedules[request.index] = schedule
-        for k in schedule:
-            usage[k] = usage.get(k, 0) + 1
-    return OracleSchedule(total, steps, dict(sorted(usage.items())), schedules), seconds, calls
+    prices = StepPrices({k: cost.verify_s(batch, k) + (overhead or {}).get(k, 0.0) for k in ks}, cost.switch_s(batch))
+    ms = [lengths[r.index] for r in run.requests]
+    ns = [len(run.outputs[r.index]) for r in run.requests]
+    continuous = run.recipe.specialization.full_batch_size is not None
+    found = batch_schedule(ms, ns, batch, continuous, ks, prices, width)
+    return OracleSchedule(found.seconds, found.steps, usage(found.schedule), batch, found.exact, width), seconds, calls
 
 
 @dataclass
@@ -155,40 +468,55 @@ class OracleReport:
     fixed_tokens_per_s: dict[int, float]
     efficiency: float  # policy ÷ oracle
     regret: float  # policy ÷ max(no-spec, best fixed K) − 1
+    batch_size: int = 1
+    exact: bool = True
+    width: int = DEFAULT_WIDTH
+
+    @property
+    def oracle_label(self) -> str:
+        return "oracle" if self.exact else f"oracle (best found, beam {self.width})"
 
     def to_json(self) -> dict:
-        return {"oracle_tokens_per_s": self.oracle_tokens_per_s, "oracle_steps": self.oracle_steps,
+        return {"batch_size": self.batch_size, "oracle": self.oracle_label, "oracle_exact": self.exact,
+                "oracle_tokens_per_s": self.oracle_tokens_per_s, "oracle_steps": self.oracle_steps,
                 "oracle_k_usage": {str(k): v for k, v in self.oracle_k_usage.items()}, "policy": self.policy,
                 "policy_tokens_per_s": self.policy_tokens_per_s, "nospec_tokens_per_s": self.nospec_tokens_per_s,
                 "fixed_tokens_per_s": {str(k): v for k, v in self.fixed_tokens_per_s.items()},
                 "policy_efficiency": self.efficiency, "regret_vs_best_static": self.regret}
 
 
-def oracle_report(pm, run, cost: CostModel, policy: str | None = None) -> OracleReport:
-    """Replay the run's policy, no-spec and each fixed K of its list at batch 1, and the oracle,
-    all with ``cost``; the oracle's wall time takes its prefill and per-step host and proposer
-    time from the largest fixed K's replay."""
+def oracle_report(pm, run, cost: CostModel, policy: str | None = None, batch_size: int | None = None,
+                  width: int = DEFAULT_WIDTH) -> OracleReport:
+    """Replay the run's policy, no-spec and each fixed K of its list at ``batch_size`` (default:
+    the run's), and find the oracle, all with ``cost``.
+
+    Outside the verify runs, an oracle step at K costs what a step cost in the replay of fixed K
+    (no-spec for K = 0: no proposer runs) — host and proposer time per step — and the prefills
+    cost what they cost in the no-spec replay. Every static choice is among the schedules the
+    oracle weighs; should one still replay faster (host time is measured, so it varies a
+    little), the oracle is that choice at its replayed speed: never slower than a static choice.
+    """
     from spdflow.recipe.schema import REFERENCE_POLICY
     from spdflow.whatif import Scenario, prepare, replay
 
+    check_oracle_run(run.recipe)
+    batch = batch_size or run.batch_size
     ks = sorted(set(run.recipe.k_list()) | {0})
     policy = policy or run.recipe.k_policy.uses
     # a one-K list leaves any policy one choice: K-list [0] is no-spec, [k] is fixed K = k
-    scenarios = [Scenario(tuple(ks), policy, 1), Scenario((0,), REFERENCE_POLICY, 1)]
-    scenarios += [Scenario((k,), REFERENCE_POLICY, 1) for k in ks if k > 0]
+    scenarios = [Scenario(tuple(ks), policy, batch), Scenario((0,), REFERENCE_POLICY, batch)]
+    scenarios += [Scenario((k,), REFERENCE_POLICY, batch) for k in ks if k > 0]
     prepare(cost, scenarios)
     figures = [replay(pm, run, s, cost).figures for s in scenarios]
     mine, nospec, fixed = figures[0], figures[1], figures[2:]
-    best, _, _ = oracle(pm, run, cost, ks)
-    # outside the verifies, each oracle step costs what a step of the largest fixed K cost in its
-    # replay (the proposer drafts its full budget every step, as for the oracle; no policy work),
-    # and the prefill is the same for every schedule
-    reference = fixed[-1] if fixed else mine
-    per_step = (reference.host_s + reference.propose_s) / reference.steps if reference.steps else 0.0
-    outside = reference.wall_s - reference.verify_s - reference.host_s - reference.propose_s
-    wall = outside + best.verify_s + best.steps * per_step
+    static = {0: nospec, **{s.k_list[0]: f for s, f in zip(scenarios[2:], fixed)}}
+    overhead = {k: (f.host_s + f.propose_s) / f.steps if f.steps else 0.0 for k, f in static.items()}
+    best, _, _ = oracle(pm, run, cost, ks, batch, overhead, width)
+    outside = nospec.wall_s - nospec.verify_s - nospec.host_s - nospec.propose_s
+    wall = min([outside + best.decode_s, *(f.wall_s for f in static.values())])
     oracle_tps = mine.generated_tokens / wall
-    fixed_tps = {s.k_list[0]: f.tokens_per_s for s, f in zip(scenarios[2:], fixed)}
-    static = max([nospec.tokens_per_s, *fixed_tps.values()])
+    fixed_tps = {k: f.tokens_per_s for k, f in static.items() if k > 0}
+    best_static = max([nospec.tokens_per_s, *fixed_tps.values()])
     return OracleReport(oracle_tps, best.steps, best.k_usage, policy, mine.tokens_per_s, nospec.tokens_per_s,
-                        fixed_tps, mine.tokens_per_s / oracle_tps, mine.tokens_per_s / static - 1)
+                        fixed_tps, mine.tokens_per_s / oracle_tps, mine.tokens_per_s / best_static - 1, batch,
+                        best.exact, width)

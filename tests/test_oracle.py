@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from spdflow.api import CostModel
 from spdflow.cli import cli
-from spdflow.oracle import best_schedule, oracle_report
+from spdflow.oracle import StepPrices, batch_schedule, best_schedule, fixed_time, oracle_report
 from spdflow.plugins import get_plugin_manager
 from spdflow.testing.fixtures import CODE_PROMPTS, run_in_process, tiny_recipe, write_recipe
 from spdflow.whatif import load_run
@@ -113,3 +113,170 @@ def test_whatif_oracle_cli_prints_efficiency_and_regret(greedy_run):
     assert 0 < data["policy_efficiency"] <= 1 + 1e-9 and "regret_vs_best_static" in data
     text = CliRunner().invoke(cli, ["whatif", str(greedy_run), "--oracle", "--cost", "roofline", "--cost-with", "profile=ai100-ultra"]).output
     assert "policy efficiency" in text and "| oracle (" in text
+
+
+# ------------------------------------------------------------------------------ batch > 1
+
+
+def brute_force_batch(ms, ns, rows, continuous, ks, step, switch) -> float:
+    """Every K sequence, through the generation loop's batch mechanics written out plainly
+    (slots, admission, idle finished rows); small cases only."""
+    def admit(slots, waiting, previous):
+        while waiting < len(ns):
+            if continuous:
+                free = [s for s, x in enumerate(slots) if x is None]
+            else:
+                free = list(range(rows)) if all(x is None for x in slots) else []
+            if not free:
+                break
+            for s in free:
+                if waiting < len(ns):
+                    slots[s] = [waiting, 1] if ns[waiting] > 1 else None  # n = 1: done at its prefill
+                    waiting += 1
+                    previous = "prefill"
+            if any(x is not None for x in slots):
+                break
+        return slots, waiting, previous
+
+    budgets = sorted(ms[0]) if isinstance(ms[0], dict) else [None]
+    actions = [(k, b) for k in ks for b in budgets if b is None or k == 0 or b >= k]
+
+    def go(slots, waiting, previous):
+        if all(x is None for x in slots):
+            return 0.0
+        best = float("inf")
+        for k, b in actions:
+            after = []
+            for x in slots:
+                if x is None:
+                    after.append(None)
+                    continue
+                i, e = x
+                m = ms[i] if b is None else ms[i][b]
+                e += min(k, int(m[e]), ns[i] - e - 1) + 1
+                after.append([i, e] if e < ns[i] else None)
+            state = admit(after, waiting, k)
+            best = min(best, step[k] + (switch if previous != k else 0.0) + go(*state))
+        return best
+
+    return go(*admit([None] * rows, 0, "prefill"))
+
+
+@st.composite
+def workloads(draw, requests=(1, 3), longest=6):
+    count = draw(st.integers(*requests))
+    ns = [draw(st.integers(1, longest)) for _ in range(count)]
+    ms = [np.array([0] + [draw(st.integers(0, 4)) for _ in range(max(n - 1, 0))] + [0]) for n in ns]
+    ks = sorted(draw(st.sets(st.integers(1, 4), min_size=1, max_size=2)) | {0})
+    step = {k: draw(st.floats(0.5, 3.0)) for k in ks}
+    return ms, ns, ks, StepPrices(step, draw(st.floats(0.0, 1.5)))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(workload=workloads(), rows=st.integers(1, 3), continuous=st.booleans())
+def test_batch_schedule_equals_brute_force_on_tiny_workloads(workload, rows, continuous):
+    ms, ns, ks, prices = workload
+    found = batch_schedule(ms, ns, rows, continuous, ks, prices, width=10_000)
+    assert found.exact
+    assert found.seconds == pytest.approx(brute_force_batch(ms, ns, rows, continuous, ks, prices.step, prices.switch))
+    # the schedule it returns finishes the workload and costs what it says
+    assert priced(ms, ns, rows, continuous, found.schedule, prices) == pytest.approx(found.seconds)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(workload=workloads(), rows=st.integers(1, 3), continuous=st.booleans(), data=st.data())
+def test_batch_schedule_chooses_the_draft_budget_too(workload, rows, continuous, data):
+    """A proposer may draft differently for another budget: every K may verify a proposal drafted
+    for any budget b ≥ K of the list, cut to K (the search weighs each)."""
+    ms, ns, ks, prices = workload
+    budgets = [k for k in ks if k > 0]
+    by_budget = [{b: np.array([data.draw(st.integers(0, b)) for _ in range(len(m))]) for b in budgets} for m in ms]
+    found = batch_schedule(by_budget, ns, rows, continuous, ks, prices, width=10_000)
+    assert found.exact
+    assert found.seconds == pytest.approx(brute_force_batch(by_budget, ns, rows, continuous, ks, prices.step,
+                                                            prices.switch))
+    for k in ks:  # fixed K drafts for budget K
+        assert found.seconds <= fixed_time(by_budget, ns, rows, continuous, k, prices, ks).seconds * (1 + 1e-9)
+
+
+def priced(ms, ns, rows, continuous, schedule, prices) -> float:
+    """Run ``schedule`` through the mechanics; fail unless it ends exactly when the work does."""
+    from spdflow.oracle import _Batch, _Work
+
+    work = _Work(ms, ns, sorted(prices.step))
+    batch = _Batch(work, list(range(len(ns))), rows, continuous)
+    state, total = batch.start(), 0.0
+    for k in schedule:
+        assert state[0], "the schedule runs past the end of the workload"
+        total += prices.step[k] + (prices.switch if state[2] != k else 0.0)
+        state = batch.step(state, work.action_of(k))
+    assert not state[0], "the schedule stops before the workload ends"
+    return total
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(workload=workloads(requests=(1, 4), longest=14), continuous=st.booleans())
+def test_batch_schedule_at_batch_one_is_the_exact_dp(workload, continuous):
+    ms, ns, ks, prices = workload
+    cost = Costs(prices.step, prices.switch)
+    found = batch_schedule(ms, ns, 1, continuous, ks, prices)
+    assert found.exact
+    assert found.seconds == pytest.approx(sum(best_schedule(m, n, ks, cost)[0] for m, n in zip(ms, ns)))
+    # and the general search, run on one row, agrees
+    from spdflow.oracle import _row_table, _search, _Work
+
+    work = _Work(ms, ns, ks)
+    tables = [_row_table(work, i, prices) for i in range(len(ns))]
+    searched = _search(work, tables, list(range(len(ns))), 1, True, prices, 10_000)
+    assert searched.exact and searched.seconds == pytest.approx(found.seconds)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(workload=workloads(requests=(2, 6), longest=12), rows=st.integers(2, 4), continuous=st.booleans(),
+       width=st.integers(1, 4))
+def test_a_narrow_beam_is_feasible_and_never_slower_than_a_fixed_k(workload, rows, continuous, width):
+    ms, ns, ks, prices = workload
+    found = batch_schedule(ms, ns, rows, continuous, ks, prices, width=width)
+    exact = batch_schedule(ms, ns, rows, continuous, ks, prices, width=10_000)
+    assert priced(ms, ns, rows, continuous, found.schedule, prices) == pytest.approx(found.seconds)
+    assert found.seconds >= exact.seconds * (1 - 1e-9)
+    for k in ks:
+        assert found.seconds <= fixed_time(ms, ns, rows, continuous, k, prices).seconds * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_oracle_at_batch_two_prices_static_choices_as_the_replay_does(greedy_run, continuous):
+    """The oracle's batch mechanics are the loop's: K = k at every step, priced by the oracle,
+    costs what the replay of fixed K = k costs; and the oracle beats or ties every one."""
+    import dataclasses
+
+    from spdflow.engine.run import Engine, NullUI, RunOptions
+    from spdflow.oracle import lengths_for
+    from spdflow.recipe.schema import REFERENCE_POLICY
+    from spdflow.whatif import Scenario, replay
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    if continuous:
+        spec = run.recipe.specialization.model_copy(update={"full_batch_size": 2})
+        run.loaded = dataclasses.replace(run.loaded, recipe=run.recipe.model_copy(update={"specialization": spec}))
+    cost = Costs({0: 0.010, 2: 0.013, 4: 0.016, 7: 0.021}, switch=0.002)
+    engine = Engine(pm, run.loaded, RunOptions(), NullUI())
+    lengths, _, _ = lengths_for(pm, engine, run.model_info, run.requests, run.outputs, [2, 4, 7])
+    ms = [lengths[r.index] for r in run.requests]
+    ns = [len(run.outputs[r.index]) for r in run.requests]
+    prices = StepPrices({k: cost.verify_s(2, k) for k in (0, 2, 4, 7)}, cost.switch_s(2))
+    prefills = None
+    for k in (0, 2, 4, 7):
+        figures = replay(pm, run, Scenario((k,), REFERENCE_POLICY, 2), cost).figures
+        mine = fixed_time(ms, ns, 2, continuous, k, prices)
+        assert mine.steps == figures.steps
+        assert mine.seconds == pytest.approx(figures.verify_s)
+        prefills = figures.wall_s - figures.verify_s
+    report = oracle_report(pm, run, cost, "smallest_covering", batch_size=2)
+    assert report.batch_size == 2
+    static = [report.nospec_tokens_per_s, *report.fixed_tokens_per_s.values()]
+    assert report.oracle_tokens_per_s >= max(static) * (1 - 1e-9)
+    found = batch_schedule(ms, ns, 2, continuous, [0, 2, 4, 7], prices)
+    tokens = sum(ns)
+    assert report.oracle_tokens_per_s == pytest.approx(tokens / (prefills + found.seconds))
