@@ -1,4 +1,5 @@
-"""Built-in prompt sets: ``code``, ``rare``, ``chat``, ``edit`` and ``qa`` (the recipe's ``workload.builtin``).
+"""Built-in prompt sets: ``code``, ``rare``, ``chat``, ``edit`` and ``qa`` (the recipe's ``workload.builtin``),
+plus the evaluation-only ``stdlib_tests`` and ``thirdparty`` (:data:`EVALUATION_ONLY`).
 
 ``chat``, ``edit`` and ``qa`` are for instruct models: their factories carry ``chat = True``, so
 the run renders them with the model's chat template (``spdflow.chat``) unless ``workload.chat: false``;
@@ -14,6 +15,9 @@ import ast
 import bisect
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
+import json
 import os
 import random
 import sysconfig
@@ -34,8 +38,14 @@ MAX_PROMPT_TOKENS = 300
 #: Body lines after the signature and docstring that a code prompt keeps (before length fitting).
 BODY_LINES = 6
 
+#: Directories of test modules (skipped by ``code``, the only source of ``stdlib_tests``).
+_TEST_DIRS = {"test", "tests", "idle_test"}
 #: Directories never walked: not stdlib, or test modules (see held_out_files).
-_SKIP_DIRS = {"site-packages", "__pycache__", "test", "tests", "idle_test"}
+_SKIP_DIRS = {"site-packages", "__pycache__"} | _TEST_DIRS
+
+#: Workloads no K-policy parameter was ever fitted on: report them apart from the tuned-on ones
+#: (code, rare, edit, the synthetic proposer), as evaluation of what the tuning generalises to.
+EVALUATION_ONLY = ("stdlib_tests", "thirdparty")
 
 
 # ------------------------------------------------------------------------------------------
@@ -69,6 +79,24 @@ def held_out_files(root: Path | None = None) -> list[str]:
         base = Path(directory).relative_to(root).as_posix()
         for name in files:
             if name.endswith(".py") and not name.startswith("test_"):
+                relative = name if base == "." else f"{base}/{name}"
+                if is_held_out(relative):
+                    paths.append(relative)
+    return sorted(paths)
+
+
+def held_out_test_files(root: Path | None = None) -> list[str]:
+    """Relative posix paths of the held-out stdlib test modules: the ``.py`` files under a
+    ``test``/``tests``/``idle_test`` directory or named ``test_*``, that :func:`held_out_files`
+    skips — so ``stdlib_tests`` and ``code`` never share a file. Sorted."""
+    root = root or stdlib_dir()
+    paths = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d not in {"site-packages", "__pycache__"})
+        base = Path(directory).relative_to(root).as_posix()
+        in_tests = base != "." and bool(set(base.split("/")) & _TEST_DIRS)
+        for name in files:
+            if name.endswith(".py") and (in_tests or name.startswith("test_")):
                 relative = name if base == "." else f"{base}/{name}"
                 if is_held_out(relative):
                     paths.append(relative)
@@ -196,6 +224,90 @@ def code_workload(count: int, seed: int) -> list[str]:
     """Openings of functions (def line, docstring, first body lines; 100–300 zoo tokens) from
     the stdlib modules held out of the zoo's training data."""
     return [p.text for p in code_prompts(count, seed)]
+
+
+# ------------------------------------------------------------------------------------------
+# stdlib_tests and thirdparty: evaluation-only function openings from other sources
+
+
+@functools.lru_cache(maxsize=4)
+def stdlib_test_candidates(root: Path | None = None) -> tuple[CodePrompt, ...]:
+    """Every function opening of the held-out stdlib test modules, sorted by (path, line)."""
+    root = root or stdlib_dir()
+    files = held_out_test_files(root) if root.is_dir() else []
+    if not files:
+        raise SpdflowError(
+            f"the 'stdlib_tests' workload needs the Python standard library's test modules, but no held-out "
+            f"test .py files were found under {root}",
+            hint="install a Python that ships its test suite (e.g. Debian's libpython3-testsuite), or use another workload",
+        )
+    prompts = [p for relative in files for p in _prompts_in_file(root, relative)]
+    return tuple(sorted(prompts, key=lambda p: (p.path, p.line)))
+
+
+def stdlib_tests_workload(count: int, seed: int) -> list[str]:
+    """Evaluation only: function openings (as ``code``: 100–300 zoo tokens) from the held-out
+    stdlib test modules, which ``code`` skips. Test code is a different kind: fixtures, runs of
+    assertions, literal test data."""
+    return [p.text for p in _seeded_pick(stdlib_test_candidates(), count, seed)]
+
+
+#: The pure-Python packages among spdflow's required dependencies (pyproject.toml): installed
+#: wherever spdflow is, and never in the zoo's training data (which excluded site-packages).
+THIRDPARTY_PACKAGES = ("click", "pluggy", "yaml")
+
+
+def _package_dir(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def thirdparty_versions() -> dict[str, str | None]:
+    """The installed version of each :data:`THIRDPARTY_PACKAGES` package (None when absent):
+    the ``thirdparty`` prompts depend on them (see :func:`prompts_digest`)."""
+    distributions = {"yaml": "PyYAML"}
+    versions = {}
+    for name in THIRDPARTY_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(distributions.get(name, name))
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+@functools.lru_cache(maxsize=2)
+def thirdparty_candidates(packages: tuple[str, ...] = THIRDPARTY_PACKAGES) -> tuple[CodePrompt, ...]:
+    """Every function opening of the installed ``packages``' modules; a prompt's path is
+    ``<package>/<file>``. Sorted by (path, line)."""
+    prompts = []
+    for name in packages:
+        directory = _package_dir(name)
+        if directory is None or not directory.is_dir():
+            continue
+        root = directory.parent
+        files = sorted(p.relative_to(root).as_posix() for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
+        prompts += [p for relative in files for p in _prompts_in_file(root, relative)]
+    if not prompts:
+        raise SpdflowError(f"the 'thirdparty' workload found no Python sources in the packages {', '.join(packages)}",
+                           hint="install spdflow with its dependencies (pip install spdflow), or use another workload")
+    return tuple(sorted(prompts, key=lambda p: (p.path, p.line)))
+
+
+def thirdparty_workload(count: int, seed: int) -> list[str]:
+    """Evaluation only: function openings (as ``code``) from pure-Python packages spdflow depends
+    on (click, pluggy, PyYAML): code by other authors, in other styles, that the zoo never saw.
+    The prompts follow the installed versions (:func:`thirdparty_versions`): compare runs by
+    their prompts' digest (:func:`prompts_digest`; ``spdflow bench`` records it)."""
+    return [p.text for p in _seeded_pick(thirdparty_candidates(), count, seed)]
+
+
+def prompts_digest(prompts: list) -> str:
+    """sha256 of a workload's prompts (text or chats), to tell two runs' prompts apart."""
+    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------
@@ -395,3 +507,8 @@ def spdflow_register_workloads(register):
     register("chat", chat_workload, description="General chat and instruction prompts for instruct models.")
     register("edit", edit_workload, description="Chats asking to rewrite a whole stdlib function (the answer copies it).")
     register("qa", qa_workload, description="Chats asking a question over a passage (a stdlib module's docstring).")
+    register("stdlib_tests", stdlib_tests_workload,
+             description="Evaluation only (no K-policy tuning): function openings from the held-out stdlib test modules.")
+    register("thirdparty", thirdparty_workload,
+             description="Evaluation only (no K-policy tuning): function openings from click, pluggy and PyYAML "
+                         "(prompts follow the installed versions).")

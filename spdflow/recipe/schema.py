@@ -109,7 +109,8 @@ class WorkloadSpec(Strict):
     )
     builtin: str | None = Field(
         None, description="A registered prompt set: 'code' (held-out stdlib code), 'rare', 'chat', 'edit' and 'qa' "
-        "(chats for instruct models: rewrite a stdlib function; questions over a passage)."
+        "(chats for instruct models: rewrite a stdlib function; questions over a passage), and the evaluation-only "
+        "'stdlib_tests' and 'thirdparty' (code of other kinds that no K-policy parameter was fitted on)."
     )
     count: int = Field(8, ge=1, le=100000, description="How many prompts to take from the source.")
     max_new_tokens: int = Field(64, ge=1, description="Tokens to generate per prompt at most.")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -10,14 +11,17 @@ from spdflow.errors import SpdflowError
 from spdflow.plugins import SpdflowPluginManager
 
 
-def test_registers_code_rare_chat_edit_and_qa():
+def test_registers_code_rare_chat_edit_qa_and_the_evaluation_sets():
     pm = SpdflowPluginManager()
     pm.add_plugin(workloads, "workloads")
-    assert set(pm.registry()["workload"]) == {"code", "rare", "chat", "edit", "qa"}
-    assert all(r.description for r in pm.registry()["workload"].values())
+    registry = pm.registry()["workload"]
+    assert set(registry) == {"code", "rare", "chat", "edit", "qa", "stdlib_tests", "thirdparty"}
+    assert all(r.description for r in registry.values())
+    for name in workloads.EVALUATION_ONLY:
+        assert registry[name].description.startswith("Evaluation only"), name
 
 
-@pytest.mark.parametrize("name", ["code", "rare", "chat"])
+@pytest.mark.parametrize("name", ["code", "rare", "chat", "stdlib_tests", "thirdparty"])
 def test_factories_are_deterministic_and_return_count_prompts(name):
     factory = getattr(workloads, f"{name}_workload")
     prompts = factory(20, 3)
@@ -67,3 +71,72 @@ def test_rare_differs_from_code_and_repeats_no_word():
 def test_missing_stdlib_sources_is_one_clear_error(tmp_path):
     with pytest.raises(SpdflowError, match="needs the Python standard library sources"):
         workloads.code_candidates(tmp_path)
+
+
+# ------------------------------------------------------------------------------ evaluation-only sets
+
+
+def _source_line(root, prompt) -> str:
+    return (root / prompt.path).read_text(encoding="utf-8").splitlines()[prompt.line - 1].strip()
+
+
+def test_stdlib_tests_prompts_come_from_held_out_test_modules_that_code_never_uses():
+    root = workloads.stdlib_dir()
+    test_files = set(workloads.held_out_test_files())
+    assert test_files and not test_files & set(workloads.held_out_files())
+    code_files = {p.path for p in workloads.code_candidates()}
+    for prompt in workloads.stdlib_test_candidates():
+        assert prompt.path in test_files and workloads.is_held_out(prompt.path)
+        assert prompt.path not in code_files
+        parts = prompt.path.split("/")
+        assert set(parts[:-1]) & {"test", "tests", "idle_test"} or parts[-1].startswith("test_"), prompt.path
+    for prompt in _seeded_prompts(workloads.stdlib_test_candidates(), 30):
+        assert _source_line(root, prompt) == prompt.text.splitlines()[0].strip()
+
+
+def test_thirdparty_prompts_come_from_the_named_packages_and_not_the_stdlib():
+    code_texts = set(workloads.code_workload(200, 0))
+    for prompt in _seeded_prompts(workloads.thirdparty_candidates(), 30):
+        package = prompt.path.split("/")[0]
+        assert package in workloads.THIRDPARTY_PACKAGES
+        root = workloads._package_dir(package).parent
+        assert _source_line(root, prompt) == prompt.text.splitlines()[0].strip()
+        assert prompt.text not in code_texts
+    assert all(workloads.thirdparty_versions()[p] for p in workloads.THIRDPARTY_PACKAGES)
+
+
+def _seeded_prompts(candidates, count):
+    return workloads._seeded_pick(candidates, count, 0)
+
+
+@pytest.mark.parametrize("name", workloads.EVALUATION_ONLY)
+def test_evaluation_prompts_open_a_function_and_fit_the_embedded_models_context(name):
+    import yaml
+
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "recipes" / "tinycode_varK.yaml").read_text())
+    room = recipe["specialization"]["ctx_len"] - recipe["workload"]["max_new_tokens"]
+    prompts = getattr(workloads, f"{name}_workload")(40, 0)
+    assert len(set(prompts)) == 40
+    for text in prompts:
+        assert text.lstrip().startswith(("def ", "async def ", "@"))
+        tokens = workloads.count_tokens(text)
+        assert workloads.MIN_PROMPT_TOKENS <= tokens <= workloads.MAX_PROMPT_TOKENS
+        assert tokens <= room
+
+
+def test_prompts_digest_is_stable_and_tells_prompt_sets_apart():
+    a = workloads.thirdparty_workload(8, 0)
+    assert workloads.prompts_digest(a) == workloads.prompts_digest(list(a))
+    assert workloads.prompts_digest(a) != workloads.prompts_digest(workloads.thirdparty_workload(8, 1))
+    assert len(workloads.prompts_digest([[{"role": "user", "content": "x"}]])) == 64
+
+
+def test_missing_stdlib_test_modules_is_one_clear_error(tmp_path):
+    (tmp_path / "os.py").write_text("def f():\n    pass\n")
+    with pytest.raises(SpdflowError, match="needs the Python standard library's test modules"):
+        workloads.stdlib_test_candidates(tmp_path)
+
+
+def test_missing_thirdparty_packages_is_one_clear_error():
+    with pytest.raises(SpdflowError, match="found no Python sources in the packages"):
+        workloads.thirdparty_candidates(("no_such_package_spdflow",))
