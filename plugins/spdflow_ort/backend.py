@@ -23,6 +23,7 @@ from spdflow.engine.cache import build_lock
 from spdflow.errors import StageError
 from spdflow.files import atomic_dir, sha256_file, short_hash, write_json_atomic, write_text_atomic
 from spdflow_ort.config import OrtConfig
+from spdflow_ort.fused import FUSED_VERSION, FUSED_WEIGHTS, fused_problem, kv_slots
 from spdflow_ort.lowering import LOWERING_VERSION, lower_custom_ops
 
 BACKEND_NAME = "onnxruntime"
@@ -45,6 +46,8 @@ class OrtProgram(CompiledProgram):
     threads: int | None = None
     spinning: bool = True
     spinning_reason: str = ""
+    #: the graph decode steps run: "reference" (the exported one) or "fused" (see fused.py)
+    graph: str = "reference"
 
 
 def spec_file_name(spec: Specialization) -> str:
@@ -79,9 +82,10 @@ def _kv_dtype(graph) -> str:
     )
 
 
-def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, custom_io) -> dict:
+def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, custom_io,
+                   fused: dict | None = None) -> dict:
     """Everything the program depends on; its short hash names the qpc dir."""
-    return {
+    params = {
         "backend": BACKEND_NAME,
         "program_format": PROGRAM_FORMAT,
         "lowering": LOWERING_VERSION,
@@ -94,6 +98,46 @@ def compile_params(request: CompileRequest, graph_digest: str, data_bytes: int, 
         "specializations_format": "flat",
         "custom_io": [list(entry) for entry in custom_io],
     }
+    if fused is not None:  # only then: reference programs keep their existing keys
+        params["fused_graph"] = fused
+    return params
+
+
+def _extra_outputs(graph) -> list[str]:
+    """Target outputs beyond 3-D logits and the retained KV (what a proposer asked the export for)."""
+    extra = [v.name for v in graph.output if v.name != "logits" and not v.name.endswith("_RetainedState")]
+    for value in graph.output:
+        if value.name == "logits" and len(value.type.tensor_type.shape.dim) == 4:
+            extra.append("head_logits")
+    return extra
+
+
+def _source_fingerprint(source_dir: Path) -> list:
+    """Names, sizes and mtimes of the HF files the fused graph reads its weights from."""
+    files = sorted(p for p in Path(source_dir).iterdir()
+                   if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"))
+    return [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]
+
+
+def fused_params(request: CompileRequest, model) -> dict | None:
+    """The fused graph's part of the compile key, or None for the reference graph; StageError
+    with what to do when the program cannot have it."""
+    config = ort_config(request)
+    if config.graph != "fused":
+        return None
+    info = request.model_info
+    problem = fused_problem(model_type=info.model_type, continuous_batching=request.continuous_batching,
+                            kv_dtype=_kv_dtype(model.graph), execution_provider=config.execution_provider,
+                            extra_outputs=_extra_outputs(model.graph), head_dim=info.head_dim)
+    if problem is not None:
+        raise StageError(f"onnxruntime compile: {problem}")
+    source = Path(info.source_dir)
+    if not (source / "config.json").is_file():
+        raise StageError(f"onnxruntime compile: the fused graph reads the model's weights from {source}, which has "
+                         "no config.json; run the export stage again or set devices.with.graph: reference")
+    ctx_len = request.specializations[0].ctx_len
+    return {"version": FUSED_VERSION, "kv_slots": kv_slots(ctx_len, request.specializations),
+            "source": _source_fingerprint(source)}
 
 
 def program_is_complete(qpc_dir: Path, *, verify: bool = False) -> bool:
@@ -116,6 +160,10 @@ def program_problem(qpc_dir: Path, *, verify: bool = False) -> str | None:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         files = [manifest["weights"], manifest["dynamic"]["file"]]
         files += [graph["file"] for graph in manifest["graphs"]]
+        fused = manifest.get("fused")
+        if fused is not None:
+            files += [fused["weights"], *fused["dynamic"].values()]
+            files += [graph["fused_file"] for graph in manifest["graphs"] if "fused_file" in graph]
     except (OSError, ValueError, KeyError, TypeError):
         return f"no valid qpc/{MANIFEST}"
     if manifest.get("format") != PROGRAM_FORMAT:
@@ -180,6 +228,9 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
     request.progress(f"weights placed in qpc/ ({how})")
     lower_custom_ops(model)
 
+    fused = params.get("fused_graph")
+    # With the fused graph the cache has kv_slots slots (fused.py); the reference graphs say so too.
+    slots = {"ctx_len": fused["kv_slots"]} if fused else {}
     onnx.save_model(model, str(program / DYNAMIC_GRAPH))
     graphs = []
     for number, spec in enumerate(specs, 1):
@@ -187,11 +238,12 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
                          + " ".join(f"{k}={v}" for k, v in spec.symbols().items()))
         fixed = onnx.ModelProto()
         fixed.CopyFrom(model)
-        _fix_dims(fixed, spec.symbols())
+        _fix_dims(fixed, {**spec.symbols(), **slots})
         name = spec_file_name(spec)
         onnx.save_model(fixed, str(program / name))
         graphs.append({"file": name, "kind": spec.kind, "k": spec.k, "symbols": spec.symbols()})
     request.progress(f"wrote {len(graphs)} static-shape graphs")
+    fused_manifest = _write_fused(request, program, graphs, fused["kv_slots"]) if fused else None
     manifest = {
         "format": PROGRAM_FORMAT,
         "backend": BACKEND_NAME,
@@ -206,8 +258,43 @@ def build_program(request: CompileRequest, work: Path, model, params: dict, cust
         "kv_dtype": _kv_dtype(model.graph),
         "continuous_batching": request.continuous_batching,
     }
+    if fused_manifest is not None:
+        manifest["fused"] = fused_manifest
     write_json_atomic(program / MANIFEST, manifest)
     cache.write_done(work, {"key": short_hash(params)})  # last: marks the program complete
+
+
+def _write_fused(request: CompileRequest, program: Path, graphs: list[dict], slots: int) -> dict:
+    """Write the fused decode graphs (one per decode batch size, plus one static-shape copy per
+    decode specialization) and their weights file; the manifest's ``fused`` entry. Adds
+    ``fused_file`` to the decode entries of ``graphs``."""
+    import gc
+
+    import onnx
+
+    from spdflow_ort.fused import FusedModel, load_source_model
+
+    request.progress(f"fused graph: reading the weights of {request.model_info.source_dir}")
+    hf_model = load_source_model(Path(request.model_info.source_dir))
+    fused = FusedModel(hf_model, slots, program / FUSED_WEIGHTS)
+    del hf_model
+    gc.collect()
+    dynamic: dict[str, str] = {}
+    for entry in graphs:
+        if entry["kind"] != "decode":
+            continue
+        symbols = entry["symbols"]
+        batch = symbols["batch_size"]
+        model = fused.graph(batch)
+        if str(batch) not in dynamic:
+            dynamic[str(batch)] = f"fused_b{batch}.onnx"
+            onnx.save_model(model, str(program / dynamic[str(batch)]))
+        _fix_dims(model, {"seq_len": symbols["seq_len"], "num_logits_to_keep": symbols["num_logits_to_keep"]})
+        entry["fused_file"] = "fused_" + entry["file"]
+        onnx.save_model(model, str(program / entry["fused_file"]))
+    request.progress(f"fused graph: {len(dynamic)} dynamic and {sum('fused_file' in g for g in graphs)} "
+                     f"static-shape decode graphs, {slots} KV slots")
+    return {"version": FUSED_VERSION, "weights": FUSED_WEIGHTS, "kv_slots": slots, "dynamic": dynamic}
 
 
 def _qconfig(request: CompileRequest, ort_version: str) -> dict:
@@ -340,7 +427,8 @@ class OrtBackend(Backend):
         locations = _weight_locations(model.graph)
         data_bytes = sum((onnx_path.parent / loc).stat().st_size for loc in sorted(locations)
                          if (onnx_path.parent / loc).is_file())
-        params = compile_params(request, sha256_file(onnx_path), data_bytes, custom_io)
+        params = compile_params(request, sha256_file(onnx_path), data_bytes, custom_io,
+                                fused_params(request, model))
         key = short_hash(params)
         qpc_dir = Path(request.export_dir) / f"qpc-{key}"
         with build_lock(qpc_dir):  # runs sharing a cache build each program once
@@ -378,6 +466,7 @@ class OrtBackend(Backend):
         request.progress(f"session mode {mode} ({why})")
         spinning, spin_why = resolve_spinning(config.spinning, qpc_dir)
         request.progress(f"thread spinning {'on' if spinning else 'off'} ({spin_why})")
+        request.progress(f"decode graph: {config.graph}")
         return OrtProgram(
             backend=BACKEND_NAME,
             qpc_dir=qpc_dir,
@@ -392,6 +481,7 @@ class OrtBackend(Backend):
             threads=config.threads,
             spinning=spinning,
             spinning_reason=spin_why,
+            graph=config.graph,
         )
 
     def open_session(self, program: CompiledProgram, *, threads: int | None = None):

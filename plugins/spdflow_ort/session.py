@@ -44,6 +44,7 @@ class _Shape:
     nlk_input: np.ndarray
     extra: dict[str, np.ndarray]  # other non-KV outputs (e.g. hidden_states), reused buffers
     ccl_input: np.ndarray | None = None  # comp_ctx_lengths [CCL] of CCL shapes
+    fused: bool = False  # runs the fused decode graph (spdflow_ort.fused)
 
 
 class OrtEnvironment:
@@ -179,6 +180,11 @@ class OrtSession:
         self.spinning_requested = shared_threads
         self.execution_provider = execution_provider
 
+        #: the fused decode graph (manifest "fused"), used with the cache bound in place on the CPU
+        fused = self.manifest.get("fused")
+        self.kv_slots = int(fused["kv_slots"]) if fused else self.ctx_len
+        self.graph = "fused" if fused and in_place and self.device == "cpu" else "reference"
+        self._row_values: dict[tuple[str, int], Any] = {}
         self.input_names = list(self.manifest["inputs"])
         self.kv_inputs = [n for n in self.input_names if n.startswith("past_")]
         kv_dtype = self.manifest.get("kv_dtype", "float32")
@@ -193,22 +199,37 @@ class OrtSession:
             return ort.InferenceSession(str(self.program_dir / file), options, providers=providers)
 
         dynamic = open_graph(self.manifest["dynamic"]["file"]) if mode == "dynamic" else None
-        files = {tuple(sorted(g["symbols"].items())): g["file"] for g in self.manifest["graphs"]}
+        entries = {tuple(sorted(g["symbols"].items())): g for g in self.manifest["graphs"]}
         self._shapes: dict[tuple[int, int, int, int | None], _Shape] = {}
         #: (batch, seq_len, nlk) -> its compute context lengths ascending ([None] without CCL)
         self._ccls: dict[tuple[int, int, int], list] = {}
-        for spec in self.specializations:
+        fused_shapes: dict[tuple[int, int, int], _Shape] = {}  # one per shape, whatever its CCL
+        fused_dynamic: dict[int, Any] = {}
+        # Prefill first: a decode shape equal to a prefill shape runs the reference graph.
+        for spec in sorted(self.specializations, key=lambda s: s.kind != "prefill"):
             key = (spec.batch_size, spec.seq_len, spec.num_logits_to_keep, spec.comp_ctx_lengths)
             if key in self._shapes:
                 continue
-            file = files.get(tuple(sorted(spec.symbols().items())))
-            if file is None:
+            entry = entries.get(tuple(sorted(spec.symbols().items())))
+            if entry is None:
                 raise StageError(
                     f"onnxruntime: {self.program_dir} has no graph for {spec.symbols()}; "
                     "compile the program again"
                 )
-            session = dynamic if dynamic is not None else open_graph(file)
-            self._shapes[key] = self._bind(spec, session)
+            if self.graph == "fused" and spec.kind == "decode" and "fused_file" in entry:
+                if key[:3] not in fused_shapes:
+                    if mode == "dynamic":
+                        batch = spec.batch_size
+                        if batch not in fused_dynamic:
+                            fused_dynamic[batch] = open_graph(fused["dynamic"][str(batch)])
+                        session = fused_dynamic[batch]
+                    else:
+                        session = open_graph(entry["fused_file"])
+                    fused_shapes[key[:3]] = self._bind_fused(spec, session)
+                self._shapes[key] = fused_shapes[key[:3]]
+            else:
+                session = dynamic if dynamic is not None else open_graph(entry["file"])
+                self._shapes[key] = self._bind(spec, session)
             self._ccls.setdefault(key[:3], []).append(spec.comp_ctx_lengths)
         for ccls in self._ccls.values():
             ccls.sort(key=lambda c: -1 if c is None else c)
@@ -240,7 +261,7 @@ class OrtSession:
         for value in graph.graph.input:
             if value.name == name:
                 dims = value.type.tensor_type.shape.dim
-                return (self.kv_batch_size, dims[1].dim_value, self.ctx_len, dims[3].dim_value)
+                return (self.kv_batch_size, dims[1].dim_value, self.kv_slots, dims[3].dim_value)
         raise StageError(f"onnxruntime: {name} is not an input of {self.program_dir}; compile again")
 
     def _output_shape(self, name: str, spec: Specialization) -> tuple[int, ...]:
@@ -266,6 +287,42 @@ class OrtSession:
         nlk_input = np.zeros((spec.num_logits_to_keep, 1), dtype=np.int64)
         ccl = None if spec.comp_ctx_lengths is None else np.zeros(spec.comp_ctx_lengths, dtype=np.int64)
         return _Shape(spec, session, binding, logits, nlk_input, extra, ccl)
+
+    def _bind_fused(self, spec: Specialization, session) -> _Shape:
+        """An IO binding of the fused graph: each batch row's cache bound in place as its own input
+        and output (a row of the shared array is contiguous: a view, no copy)."""
+        import onnxruntime as ort
+
+        from spdflow_ort.fused import row_input
+
+        binding = session.io_binding()
+        for name in self.kv_inputs:
+            kind, layer = name[len("past_"):].split(".")
+            for row in range(spec.batch_size):
+                value = self._row_values.get((name, row))
+                if value is None:
+                    view = self.kv[name][row:row + 1]
+                    value = self._row_values[(name, row)] = (ort.OrtValue.ortvalue_from_numpy(view), view)
+                port = row_input(kind, int(layer), row)
+                binding.bind_ortvalue_input(port, value[0])
+                binding.bind_ortvalue_output(f"{port}_RetainedState", value[0])
+        logits = np.zeros((spec.batch_size, spec.num_logits_to_keep, self.vocab_size), dtype=np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        nlk_input = np.zeros((spec.num_logits_to_keep, 1), dtype=np.int64)
+        return _Shape(spec, session, binding, logits, nlk_input, {}, None, fused=True)
+
+    def _check_fused_positions(self, positions: np.ndarray) -> None:
+        """The fused graph writes a row's keys at consecutive slots from its first position
+        (spdflow_ort.fused): refuse positions that are not consecutive with -1 only at the end."""
+        valid = positions >= 0
+        consecutive = positions[:, :1] + np.arange(positions.shape[1])
+        if (np.any(valid[:, 1:] & ~valid[:, :-1]) or np.any(valid & (positions != consecutive))
+                or np.any(positions >= self.ctx_len)):
+            raise StageError(
+                "onnxruntime: the fused decode graph needs each row's positions consecutive from its first, "
+                f"below ctx_len {self.ctx_len}, with -1 only at the end (got {positions.tolist()}); "
+                "set devices.with.graph: reference"
+            )
 
     # -- running -----------------------------------------------------------------------------
 
@@ -317,6 +374,15 @@ class OrtSession:
         if not self.in_place:
             return self._run_copying(shape, ids, positions, index)
         binding = shape.binding
+        if shape.fused:
+            self._check_fused_positions(positions)
+            binding.bind_cpu_input("input_ids", ids)
+            binding.bind_cpu_input("position_ids", positions)
+            binding.bind_cpu_input("num_logits_to_keep", shape.nlk_input)
+            self._last_inputs = (ids, positions, index)
+            shape.session.run_with_iobinding(binding)
+            self._last_shape = shape
+            return shape.logits
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("position_ids", positions)
         binding.bind_cpu_input("num_logits_to_keep", shape.nlk_input)
@@ -374,7 +440,11 @@ class OrtSession:
         :class:`OrtEnvironment`), execution provider and mode; recorded in the run report."""
         facts = {**ENVIRONMENT.describe(self.threads_requested, self.shared_threads),
                  "spinning": self.shared_threads,
-                 "execution_provider": self.execution_provider, "session_mode": self.mode}
+                 "execution_provider": self.execution_provider, "session_mode": self.mode,
+                 "graph": self.graph}
+        if self.graph == "fused":
+            facts["graph_note"] = (f"decode steps ran the fused graph, prefill the reference graph; KV cache of "
+                                   f"{self.kv_slots} slots")
         if self.shared_threads and not self.spinning_requested:
             facts["spinning_note"] = ("spinning off was asked for, but an earlier session of this process made "
                                       "ORT's process-wide pool, whose threads spin, and ORT then allows no other")
@@ -383,5 +453,6 @@ class OrtSession:
     def close(self) -> None:
         """Release the sessions and the KV cache."""
         self._shapes.clear()
+        self._row_values.clear()
         self.kv_values.clear()
         self.kv.clear()
