@@ -236,6 +236,20 @@ def test_greedy_with_ccl_is_token_identical_to_nospec_without(pm, tmp_path, monk
         assert sum(row["accepted"] for row in rows) > 0
 
 
+@pytest.mark.parametrize("session_mode", ["static", "dynamic"])
+def test_fused_graph_with_ccl_at_batch_three_gives_the_nospec_tokens(pm, tmp_path, nospec_tokens, session_mode):
+    """devices.with.graph fused (GroupQueryAttention, one node per batch row): rows of different
+    lengths, idle and padded rows, K up to 7 and CCL shapes: the no-spec tokens without CCL."""
+    path = _recipe(tmp_path, f"ccl-fused-{session_mode}", ks=[0, 2, 4, 7], proposer=SPD["prompt_lookup"][1],
+                   batching=BATCHING["batch3"], k_policy="goodput",
+                   devices={"comp_ctx_lengths": CCLS, "graph": "fused", "session_mode": session_mode})
+    state = _run(pm, path)
+    assert state.stages["generate"].detail["runtime"]["graph"] == "fused"
+    assert [o["tokens"] for o in state.outputs] == nospec_tokens("batch3")
+    rows = [row for r in state.records if r["kind"] == "step" for row in r["rows"]]
+    assert sum(row["accepted"] for row in rows) > 0
+
+
 def test_dynamic_session_serves_every_ccl(pm, tmp_path, nospec_tokens):
     path = _recipe(tmp_path, "ccl-dynamic", ks=[0, 2, 4, 7],
                    proposer=SPD["prompt_lookup"][1], batching=BATCHING["batch3"],
