@@ -444,8 +444,10 @@ class StepContext:
 
     ``tokens_left[i]`` is how many tokens active row i may still generate (its max_new_tokens
     less what it has; it may stop earlier at EOS), in the order of the step's
-    ``proposal_counts``. ``waiting`` is the number of requests queued for a free slot: with none
-    waiting, a static batch ends when its last row does, so rows far ahead matter less.
+    ``proposal_counts``. ``waiting`` is the number of requests queued for a free slot, which
+    only continuous batching has (a static batch admits its next group once all its rows are
+    done, so its ``waiting`` is always 0): with none waiting, the batch ends when its last row
+    does, so rows far ahead matter less.
     """
 
     tokens_left: tuple[int, ...]

@@ -235,7 +235,8 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
     # Steps near a request's end have no room to propose (k_max 0), so some asked steps skip too.
     assert asked // 2 <= len(calls_to_propose) <= asked
     budget = next(c for c in policy.calls if c[0] == "budget")[2]
-    assert budget.waiting == len(PROMPTS) - 1 and budget.rows == 1 and budget.tokens_left == (19,)
+    # a static batch admits the next group only when all its rows are done: nothing waits for a slot
+    assert budget.waiting == 0 and budget.rows == 1 and budget.tokens_left == (19,)
     observed = [c[1] for c in policy.calls if c[0] == "observe"]
     assert {o.k for o in observed} == {0, 4}
     assert all(o.verify_s > 0 and len(o.proposed) == len(o.accepted) == 1 for o in observed)
@@ -243,6 +244,16 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
     # it asked for step costs (measured once, traced) but not for scoring
     assert [r["kind"] for r in state.records].count("step_costs") == 1
     assert all(o.scored == () for o in observed)
+
+
+def test_only_continuous_batching_has_requests_waiting_for_a_slot(pm, tmp_path, models, out_root):
+    policy = Recording()
+    register_policy(pm, policy)
+    path = write(tmp_path, models[0], out_root / "waiting-cb", "synthetic",
+                 {"acceptance_rate": 1.0, "proposal_rate": 1.0}, [0, 4], BATCHING["cb2"], extra="\nk_policy: recording")
+    run(pm, path)
+    waiting = [c[2].waiting for c in policy.calls if c[0] == "budget"]
+    assert waiting[0] == len(PROMPTS) - 2 and waiting[-1] == 0 and sorted(waiting, reverse=True) == waiting
 
 
 class Scoring(Recording):

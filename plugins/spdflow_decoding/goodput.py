@@ -193,7 +193,7 @@ class Goodput(KPolicy):
 
     * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
       leave and again to come back, shared over the steps a run of proposals is expected to
-      last (``1 / (1 - run_on)``); a step without proposals stays or takes a cheaper K
+      last (``1 / (1 - run_on)``); a step without proposals stays at its K or takes the smallest
       (:meth:`StepCostModel.detour_cost`). Leaving K = 0 must win by ``margin``. [Switching
       shapes costs a step's worth of time; the run_on share: What limits the misses, "a bad
       start could trap it in skipping".]
@@ -324,7 +324,11 @@ class Goodput(KPolicy):
         if not self.offered:  # every K returns one token per row: the cheapest wins
             if self._cheapest is None:
                 back = any_proposes(self.acceptance.yield_rate, max(len(self.left), 1))
-                self._cheapest = min(self.ks, key=lambda k: (self.costs.detour_cost(k, back), k))
+                # stay where a round trip would cost more, else the smallest K: never a third K,
+                # which only noisy step timings could rate below the smallest (benchmarks/README.md,
+                # "Proposals rare": K=4 on every step of a run where nothing was proposed)
+                stay = [self.costs.last_k] if self.costs.last_k in self.ks else []
+                self._cheapest = min([self.ks[0], *stay], key=lambda k: (self.costs.detour_cost(k, back), k))
             return self._cheapest
         return self.best(self.rates(proposal_counts, weights=self.row_weights()))
 

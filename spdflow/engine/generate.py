@@ -235,7 +235,9 @@ class Generator:
                 self._admit(pending, slots, results)
                 if not any(slots):
                     continue
-                self._step(slots, results, len(pending))
+                # a request waits for a free slot only under CB: a static batch admits the next
+                # group once every row is done, so until then it ends with its last row
+                self._step(slots, results, len(pending) if self.cb else 0)
         finally:
             for live in slots:
                 if live is not None and self.proposer is not None:

@@ -186,6 +186,14 @@ def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip()
     # A step without proposals at K = 7: drop to K = 0 unless the round trip costs more.
     assert switched(0.0, 7, 0.9).choose_k([0], KS) == 0
     assert switched(0.6, 7, 0.9).choose_k([0], KS) == 7
+    # Between those two only: even when (noisy) timings rate K = 4 cheaper than K = 0 and K = 7,
+    # a step without proposals never detours to it.
+    noisy = switched(0.0, 7, 0.9)
+    noisy.costs.verify_s[4] = 0.5
+    noisy._cheapest = None
+    assert noisy.choose_k([0], KS) == 0
+    fresh = goodput({0: 1.0, 2: 1.3, 4: 0.5, 7: 2.0})  # no step yet: the smallest K
+    assert fresh.choose_k([0], KS) == 0
     # Penalties are learned from the first step after each change.
     policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
     for _ in range(100):  # every step is a change, each 0.5 s slower than steady
