@@ -40,6 +40,7 @@ class GoodputConfig(BaseModel):
     horizon: float = Field(8.0, gt=0.0, description="Tokens-left scale of the row weights exp(-(most - left) / horizon).")
     margin: float = Field(0.1, ge=0.0, description="How much better than K = 0 a K must be to leave K = 0.")
     evidence: int = Field(8, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
+    reprice_every: int = Field(8, ge=1, description="Steps between re-pricings of the proposer budget (whether to propose, and how much) once the estimate is settled.")
 
 
 def any_proposes(share: float, rows: int) -> float:
@@ -238,6 +239,8 @@ class Goodput(KPolicy):
         self.waiting = 0
         self.weights: list[float] | None = None
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
+        self._budget_k: int | None = None  # the last priced proposer budget (0: skip)
+        self._reprice = 0  # steps until the budget is priced again
 
     # -- the rule -------------------------------------------------------------------------------
 
@@ -304,14 +307,20 @@ class Goodput(KPolicy):
             self.since_peek = 0
         elif self.skipping:
             return 0
+        if not self.acceptance.settled():
+            self.skipping = False
+            return k_max
         # What full-length proposals could bring from the rows that usually propose, paying
-        # the proposer as well.
-        full = [self.ks[-1]] * len(self.left)
-        best = self.best(self.rates(full, self.costs.propose_s or 0.0, self.row_weights(),
-                                    share=self.acceptance.yield_rate))
-        settled = self.acceptance.settled()
-        self.skipping = best == 0 and settled
-        return k_max if peek or not settled else min(k_max, best)
+        # the proposer as well; re-priced every ``reprice_every`` steps and at every peek (the
+        # estimates it reads move slowly, and pricing is most of the policy's time per step).
+        self._reprice -= 1
+        if peek or self._reprice <= 0 or self._budget_k is None:
+            full = [self.ks[-1]] * len(self.left)
+            self._budget_k = self.best(self.rates(full, self.costs.propose_s or 0.0, self.row_weights(),
+                                                  share=self.acceptance.yield_rate))
+            self._reprice = self.config.reprice_every
+        self.skipping = self._budget_k == 0
+        return k_max if peek else min(k_max, self._budget_k)
 
     def choose_k(self, proposal_counts, compiled_ks):
         if compiled_ks != self.ks:

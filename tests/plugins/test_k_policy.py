@@ -320,3 +320,20 @@ def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
         policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
     assert all(budgets[: 4 * DEFAULTS.evidence]) and budgets[-1] == 0
+
+
+def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_peeks():
+    policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
+    feed(policy, 7, 7, 7, steps=20)  # settled: proposals hold
+    priced = []
+    original = policy.rates
+    policy.rates = lambda *a, **kw: priced.append(kw.get("share")) or original(*a, **kw)
+    policy.peek_every = 10**6  # no peek in this window
+    budgets = [policy.propose_budget(7, context()) for _ in range(24)]
+    assert budgets == [7] * 24 and len(priced) == 3  # steps 1, 9 and 17
+    # a budget priced as "skip" holds until the next peek re-prices it
+    policy.acceptance.hits = [0.0] * len(policy.acceptance.hits)  # nothing holds any more
+    policy.acceptance._extra = None
+    policy._reprice = 1
+    assert policy.propose_budget(7, context()) == 0 and policy.skipping
+    assert [policy.propose_budget(7, context()) for _ in range(5)] == [0] * 5 and len(priced) == 4
