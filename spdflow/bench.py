@@ -8,7 +8,11 @@ policy declares it needs (:meth:`spdflow.api.KPolicy.required_ks`) decides its r
 * a policy that only ever needs K = 0 (``nospec``) runs without the proposer; its row, named by
   the policy, is the no-spec reference of the batch size (``delta_vs_nospec``);
 * a policy that always verifies one K > 0 (``fixed``: the largest K, a fixed-K SpD system) has a
-  row named by the policy, which the K-list rows are compared with (``varK_vs_fixed``);
+  row named by the policy, which the K-list rows are compared with (``varK_vs_fixed``: against
+  the fixed-K row of the largest K when there are several);
+* ``fixed:<K>`` pins any K > 0 of the K-list (row ``fixed:<K>``, a fixed-K system at that K), and
+  ``fixed:all`` stands for ``fixed:<K>`` of every K > 0 of the K-list, so one bench shows the best
+  fixed K beside the policies;
 * any other policy chooses among the K-list; its row is named ``varK:<policy>``.
 
 By default the recipe's policy runs beside ``smallest_covering``, the simplest policy, so every
@@ -43,8 +47,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from spdflow.api import KPolicy
 from spdflow.errors import StageError, UsageError
 from spdflow.recipe.schema import REFERENCE_POLICY
+from spdflow.workload import prompts_digest
 
 #: the mode that runs the recipe's own K policy
 RECIPE_POLICY_MODE = "varK"
@@ -52,6 +58,8 @@ RECIPE_POLICY_MODE = "varK"
 DEFAULT_MODES = ("nospec", "fixed", RECIPE_POLICY_MODE, REFERENCE_POLICY)
 #: a row's mode for the K-list with policy NAME
 VARK_PREFIX = "varK:"
+#: ``fixed:<K>``: a fixed-K row at one K of the K-list; ``fixed:all``: one such row per K > 0
+FIXED_PREFIX, FIXED_ALL = "fixed:", "fixed:all"
 #: A row's role, from what its policy needs on the compiled K-list: the no-spec reference (only
 #: K = 0), a fixed-K system (one K > 0), a policy choosing among the K-list, or a peer engine.
 BASELINE, ONE_K, VARK, PEER = "baseline", "one_k", "varK", "peer"
@@ -83,6 +91,7 @@ class Mode:
     row: str
     policy: str
     role: str
+    k: int | None = None  # the pinned K of a fixed:<K> mode
 
     @property
     def speculates(self) -> bool:
@@ -130,6 +139,11 @@ def resolve_modes(pm, modes: Sequence[str], recipe) -> list[Mode]:
     ks = compile_k_list(recipe)
     resolved: list[Mode] = []
     for mode in modes:
+        if mode.startswith(FIXED_PREFIX):
+            for k in pinned_ks(mode, ks):
+                if FIXED_PREFIX + str(k) not in [m.row for m in resolved]:
+                    resolved.append(Mode(FIXED_PREFIX + str(k), FIXED_PREFIX + str(k), ONE_K, k))
+            continue
         name = recipe.k_policy.uses if mode == RECIPE_POLICY_MODE else mode.removeprefix(VARK_PREFIX)
         if name not in policies:
             raise UsageError(f"unknown bench mode '{mode}'",
@@ -140,6 +154,47 @@ def resolve_modes(pm, modes: Sequence[str], recipe) -> list[Mode]:
         if row not in [m.row for m in resolved]:
             resolved.append(Mode(row, name, role))
     return resolved
+
+
+def pinned_ks(mode: str, ks: Sequence[int]) -> list[int]:
+    """The Ks a ``fixed:<K>`` or ``fixed:all`` mode pins on the compiled K-list ``ks``; a K that
+    is not a K > 0 of the list is a usage error."""
+    speculative = [k for k in ks if k > 0]
+    choices = ", ".join([FIXED_PREFIX + str(k) for k in speculative] + [FIXED_ALL])
+    if mode == FIXED_ALL:
+        if not speculative:
+            raise UsageError(f"bench mode '{mode}' needs a K > 0 in the recipe's K-list, which is {list(ks)}",
+                             hint="add Ks to num_speculative_tokens")
+        return speculative
+    text = mode.removeprefix(FIXED_PREFIX)
+    if not text.isdigit() or int(text) not in speculative:
+        raise UsageError(f"bench mode '{mode}' names no K > 0 of the recipe's K-list {list(ks)}",
+                         hint=f"choose {choices}" if speculative else "add Ks to num_speculative_tokens")
+    return [int(text)]
+
+
+class PinnedK(KPolicy):
+    """The K policy of a ``fixed:<K>`` mode: always K (one compiled K > 0 of the list)."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+        self.name = FIXED_PREFIX + str(k)
+
+    def required_ks(self, compiled_ks):
+        return [self.k]
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        return self.k
+
+
+def mode_policy(pm, mode: Mode, recipe):
+    """A fresh K policy for one run of ``mode``."""
+    from spdflow.plugins import make_k_policy
+
+    if mode.k is not None:
+        return PinnedK(mode.k)
+    return make_k_policy(pm, mode.policy, own_settings(recipe, mode.policy))
 
 
 def policy_role(policy, ks: Sequence[int]) -> str:
@@ -252,6 +307,7 @@ class BatchBench:
         prepared = self.engine.prepare_generation(program, self.info)
         self.tokenizer, self.requests, self.session = prepared.tokenizer, prepared.requests, prepared.session
         self.sampling, self.config = prepared.sampling, prepared.config
+        self.prompts_sha256 = prompts_digest(prepared.prompts)
         self.info = prepared.info  # with a chat template's end-of-turn ids among the EOS ids
         self.nospec_config = dataclasses.replace(self.config, k_list=[0])
 
@@ -280,10 +336,9 @@ class BatchBench:
         """One generation: ``mode``'s policy with the recipe's proposer when the mode speculates;
         without a mode (or proposer), K = 0 every step and no policy runs."""
         from spdflow.engine.generate import Generator
-        from spdflow.plugins import make_k_policy
 
         recipe = self.recipe
-        policy = None if mode is None else make_k_policy(self.pm, mode.policy, own_settings(recipe, mode.policy))
+        policy = None if mode is None else mode_policy(self.pm, mode, recipe)
         acceptor = self.engine.make_acceptor()
         proposer, name = None, ""
         if mode is not None and mode.speculates and recipe.proposer is not None:
@@ -338,6 +393,8 @@ def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> li
             row[key], row[f"{key}_min"], row[f"{key}_max"] = med, lo, hi
         metrics = [r.metrics for r in mine]
         row["policy"] = mode.removeprefix(VARK_PREFIX)
+        if mode.startswith(FIXED_PREFIX) and mode.removeprefix(FIXED_PREFIX).isdigit():
+            row["fixed_k"] = int(mode.removeprefix(FIXED_PREFIX))
         row["al"] = _stats([m.mean_acceptance_length for m in metrics])[0]
         row["acceptance_rate"] = _stats([m.draft_acceptance_rate for m in metrics])[0]
         row["k_histogram"] = median_histogram([m.k_histogram for m in metrics])
@@ -355,13 +412,18 @@ def median_histogram(histograms: Sequence[dict]) -> dict[str, float]:
 
 def add_deltas(rows: list[dict]) -> list[dict]:
     """Δ tokens/s vs the no-spec row (role :data:`BASELINE`) of the same batch size, and varK rows
-    vs the fixed-K row (role :data:`ONE_K`; the first, if several), both as ratios − 1.
+    vs the fixed-K row (role :data:`ONE_K`; of several, ``fixed`` or else the largest ``fixed:<K>``),
+    both as ratios − 1.
 
     Rows without the needed partner (or with no throughput) get None.
     """
     by: dict[tuple[int, str | None], dict] = {}
     for row in rows:
         by.setdefault((row["batch_size"], row.get("role")), row)
+    for row in rows:  # several fixed-K rows: the largest K's (plain ``fixed`` is the largest K)
+        key = (row["batch_size"], ONE_K)
+        if row.get("role") == ONE_K and _fixed_rank(row) > _fixed_rank(by[key]):
+            by[key] = row
     for row in rows:
         base = by.get((row["batch_size"], BASELINE))
         row["delta_vs_nospec"] = _delta(row.get("tokens_per_s"), base and base.get("tokens_per_s"))
@@ -369,6 +431,10 @@ def add_deltas(rows: list[dict]) -> list[dict]:
         row["varK_vs_fixed"] = _delta(row.get("tokens_per_s"), fixed and fixed.get("tokens_per_s")) \
             if row.get("role") == VARK else None
     return rows
+
+
+def _fixed_rank(row: dict) -> float:
+    return float("inf") if row.get("fixed_k") is None else row["fixed_k"]
 
 
 def _delta(value: float | None, base: float | None) -> float | None:
@@ -479,6 +545,8 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
             progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {name}: {rate:.1f} tok/s")
         rows = summarize(runs, reference if greedy else None)
         rows += peer_rows(peer_runs, batch_size, reference if greedy else None)
+        for row in rows:
+            row["prompts_sha256"] = bench.prompts_sha256
     finally:
         for peer in peers:
             peer.close()

@@ -26,8 +26,9 @@ def parse_list(text: str | None, what: str, cast=str) -> list | None:
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8 (default: the recipe's).")
 @click.option("--modes", default="nospec,fixed,varK,smallest_covering", show_default=True,
-              help="Comma-separated modes: nospec, fixed (largest K), varK (the recipe's K policy), or any "
-                   "K policy's name (smallest_covering, goodput, ...); K-list rows are named varK:<policy>.")
+              help="Comma-separated modes: nospec, fixed (largest K), fixed:<K> (any K > 0 of the recipe's "
+                   "K-list), fixed:all (fixed:<K> for each of them), varK (the recipe's K policy), or any K policy's "
+                   "name (smallest_covering, goodput, ...); K-list rows are named varK:<policy>.")
 @click.option("--peers", default="", help="Comma-separated peers to run too, interleaved with the modes, each in its own child process: "
               "hf (transformers), ort-genai (onnxruntime-genai), llama.cpp (llama-cpp-python); one not installed "
               "is skipped with a line.")

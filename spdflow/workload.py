@@ -29,6 +29,14 @@ def load_prompts(workload: WorkloadSpec, base_dir: Path, pm, *, allow_outside: b
     return prompts
 
 
+def prompts_digest(prompts: list) -> str:
+    """sha256 of a workload's prompts (text or chats): tells two runs' prompts apart when a
+    source can differ between machines (``thirdparty`` follows the installed packages)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def read_prompt_file(path: Path) -> list:
     """One prompt per non-empty line (.txt) or per JSON object (.jsonl) with a 'prompt' key (text)
     or a 'messages' key (a chat: [{"role": ..., "content": ...}, ...])."""

@@ -238,3 +238,50 @@ def test_bench_cli_writes_json_and_rejects_unknown_mode(tiny_recipe, tmp_path):
     bad = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--modes", "nospec,turbo"])
     assert bad.exit_code == 2
     assert "unknown bench mode 'turbo'" in bad.output
+
+
+# ------------------------------------------------------------------------------ fixed:<K>
+
+
+def test_fixed_k_modes_pin_each_k_of_the_list_and_other_ks_fail(pm, write_recipe):
+    from spdflow.bench import mode_policy, resolve_modes
+    from spdflow.errors import UsageError
+
+    recipe = load_recipe(write_recipe(MINIMAL_SPD.replace("[2, 4]", "[0, 2, 4, 7]")), pm).recipe
+    modes = resolve_modes(pm, ["nospec", "fixed:4", "fixed:all", "varK"], recipe)
+    assert [(m.row, m.role, m.k) for m in modes] == [
+        ("nospec", "baseline", None), ("fixed:4", "one_k", 4), ("fixed:2", "one_k", 2), ("fixed:7", "one_k", 7),
+        ("varK:goodput", "varK", None)]
+    policy = mode_policy(pm, modes[1], recipe)
+    assert policy.required_ks([0, 2, 4, 7]) == [4] and policy.choose_k([0, 7], [0, 2, 4, 7]) == 4
+    for bad in ("fixed:3", "fixed:0", "fixed:x", "fixed:"):
+        with pytest.raises(UsageError, match=f"bench mode '{bad}' names no K > 0 of the recipe's K-list"
+                                             r" \[0, 2, 4, 7\]") as error:
+            resolve_modes(pm, [bad], recipe)
+        assert "fixed:2, fixed:4, fixed:7, fixed:all" in str(error.value.hint)
+
+
+def test_varK_is_compared_with_the_largest_fixed_k():
+    rows = add_deltas([{"batch_size": 1, "mode": "fixed:2", "role": "one_k", "fixed_k": 2, "tokens_per_s": 150.0},
+                       {"batch_size": 1, "mode": "fixed:4", "role": "one_k", "fixed_k": 4, "tokens_per_s": 120.0},
+                       {"batch_size": 1, "mode": "varK:goodput", "role": "varK", "tokens_per_s": 180.0}])
+    assert rows[2]["varK_vs_fixed"] == pytest.approx(0.5)
+
+
+def test_bench_cli_runs_fixed_all_losslessly_and_records_the_prompts_digest(tiny_recipe, tmp_path):
+    from spdflow.workload import prompts_digest
+
+    out = tmp_path / "rows.json"
+    result = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--repeats", "1", "--modes", "nospec,fixed:all",
+                                      "--json", str(out), "--markdown", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [(r["mode"], r.get("fixed_k")) for r in rows] == [("nospec", None), ("fixed:2", 2), ("fixed:4", 4)]
+    assert all(r["identical_to_nospec"] for r in rows)
+    for row in rows[1:]:
+        assert set(row["k_histogram"]) == {str(row["fixed_k"])}
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(", "x = x + 1\nx = x + 1\nx = x"]
+    assert {r["prompts_sha256"] for r in rows} == {prompts_digest(prompts)}
+    bad = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--modes", "nospec,fixed:3"])
+    assert bad.exit_code == 2
+    assert "bench mode 'fixed:3' names no K > 0 of the recipe's K-list [0, 2, 4]" in bad.output

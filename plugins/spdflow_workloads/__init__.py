@@ -17,7 +17,6 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import random
 import sysconfig
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from spdflow import hookimpl
 from spdflow.errors import SpdflowError
+from spdflow.workload import prompts_digest  # noqa: F401  (re-exported: the thirdparty docstring's digest)
 
 #: A stdlib file is held out of the zoo's training data when
 #: int(sha256(relative posix path).hexdigest(), 16) % HOLDOUT_MODULUS == 0 (zoo/README.md).
@@ -303,11 +303,6 @@ def thirdparty_workload(count: int, seed: int) -> list[str]:
     The prompts follow the installed versions (:func:`thirdparty_versions`): compare runs by
     their prompts' digest (:func:`prompts_digest`; ``spdflow bench`` records it)."""
     return [p.text for p in _seeded_pick(thirdparty_candidates(), count, seed)]
-
-
-def prompts_digest(prompts: list) -> str:
-    """sha256 of a workload's prompts (text or chats), to tell two runs' prompts apart."""
-    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------
