@@ -1,0 +1,322 @@
+"""Issue 23's K-policy tables: every policy against no-spec and the best fixed K, per workload and batch.
+
+For each workload (a recipe plus ``--set`` overrides) one ``spdflow bench`` runs, under
+``nice -n -20``, at batch sizes 1,2,4,8 with the modes ``nospec``, ``fixed:all`` (fixed K at every
+K > 0 of the K-list) and each K policy: ``goodput`` and ``smallest_covering`` always, plus any
+named with ``--policies``. Its rows (``<out>/<workload>.json``) give one markdown table per
+workload × batch size: no-spec, each fixed K (the best marked), each policy's tokens/s with its
+ratio to max(no-spec, best fixed K) and whether it reaches the issue's 0.97 line; the oracle,
+policy efficiency and regret too when the bench rows carry them. ``uptime`` is recorded before
+and after each workload, and the wall time each took. Workloads some K-policy parameter was
+tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) get separate sections.
+
+    python benchmarks/k_policy_tables.py --repeats 3                       # embedded-model workloads
+    python benchmarks/k_policy_tables.py --repeats 3 --policies guarded \\
+        --update-readme benchmarks/README.md                               # re-run, README section replaced
+    python benchmarks/k_policy_tables.py --render-only --out DIR          # tables again from DIR's JSON
+
+Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
+ratios inside one table are measured side by side; tables of different workloads ran at
+different times: compare their ratios, not their absolute tokens/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: Policies every table has; --policies adds more.
+DEFAULT_POLICIES = ("goodput", "smallest_covering")
+BATCH_SIZES = "1,2,4,8"
+#: The issue's line: a policy must reach this share of max(no-spec, best fixed K).
+LINE = 0.97
+TUNED, HELD_OUT = "tuned on", "held out"
+README_BEGIN = "<!-- k_policy_tables: begin (benchmarks/k_policy_tables.py --update-readme writes this) -->"
+README_END = "<!-- k_policy_tables: end -->"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One bench invocation: recipe, overrides, and whether any policy was tuned on it."""
+
+    name: str
+    recipe: str
+    overrides: tuple[str, ...] = ()
+    section: str = TUNED
+    about: str = ""
+    extra_args: tuple[str, ...] = field(default=())
+    embedded: bool = True  # the embedded zoo model (no download, no extra model to make)
+
+
+def _synthetic(rate: float) -> Workload:
+    return Workload(f"synthetic_{rate}", "recipes/tinycode_varK.yaml",
+                    (f"proposer={{uses: synthetic, with: {{acceptance_rate: {rate}}}}}",),
+                    about=f"code prompts, synthetic proposer at acceptance {rate}")
+
+
+def _synthetic_50m(rate: float) -> Workload:
+    return Workload(f"synthetic50m_{rate}", "recipes/bench_50m_synthetic.yaml", (f"proposer.with.acceptance_rate={rate}",),
+                    about=f"~52M random Llama (python benchmarks/make_50m_model.py first), synthetic at {rate}",
+                    extra_args=("--allow-outside-paths",), embedded=False)
+
+
+WORKLOADS = {w.name: w for w in [
+    Workload("code", "recipes/tinycode_varK.yaml", about="held-out stdlib function openings, prompt lookup"),
+    Workload("rare", "recipes/tinycode_rare.yaml", ("workload.temperature=0",),
+             about="lines of distinct English words, prompt lookup, temperature 0"),
+    _synthetic(0.3), _synthetic(0.6), _synthetic(0.9),
+    Workload("stdlib_tests", "recipes/tinycode_varK.yaml", ("workload.builtin=stdlib_tests",), HELD_OUT,
+             about="function openings from the held-out stdlib test modules, prompt lookup"),
+    Workload("thirdparty", "recipes/tinycode_varK.yaml", ("workload.builtin=thirdparty",), HELD_OUT,
+             about="function openings from click, pluggy and PyYAML, prompt lookup"),
+    Workload("edit", "recipes/smollm2_chat_varK.yaml", (), about="SmolLM2-135M-Instruct (extra smollm2), edit chats",
+             embedded=False),
+    _synthetic_50m(0.3), _synthetic_50m(0.6), _synthetic_50m(0.9),
+]}
+#: What runs without --workloads: the embedded-model workloads.
+DEFAULT_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.embedded)
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def uptime() -> str:
+    """The load averages now (``uptime``'s tail)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "load average: " + " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def bench_command(workload: Workload, policies: list[str], repeats: int, count: int, json_path: Path) -> list[str]:
+    """The ``spdflow bench`` command line for one workload (under ``nice -n -20``)."""
+    modes = ",".join(["nospec", "fixed:all", *policies])
+    command = ["nice", "-n", "-20", sys.executable, "-m", "spdflow", "bench", workload.recipe, "--batch-sizes", BATCH_SIZES,
+               "--modes", modes, "--repeats", str(repeats), "--json", str(json_path), "--markdown",
+               "--set", f"workload.count={count}", *workload.extra_args]
+    for override in workload.overrides:
+        command += ["--set", override]
+    return command
+
+
+def run_workload(workload: Workload, policies: list[str], args, out: Path) -> dict:
+    """One bench; returns its record (command, load before/after, seconds, exit code)."""
+    json_path = out / f"{workload.name}.json"
+    command = bench_command(workload, policies, args.repeats, args.count, json_path)
+    record = {"workload": workload.name, "command": " ".join(_quote(c) for c in command), "uptime_before": uptime()}
+    print(f"== {workload.name}: {record['command']}", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    with open(out / f"{workload.name}.md", "w") as stdout, open(out / f"{workload.name}.log", "w") as stderr:
+        code = subprocess.run(command, cwd=REPO, stdout=stdout, stderr=stderr).returncode
+    record.update(seconds=round(time.monotonic() - start, 1), uptime_after=uptime(), exit_code=code)
+    print(f"   {workload.name}: exit {code} after {record['seconds']} s; {record['uptime_after']}", file=sys.stderr, flush=True)
+    return record
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+# ------------------------------------------------------------------------------ the tables
+
+
+def _first(row: dict, *keys):
+    """The first of ``keys`` the row has a number for (the oracle columns' names may vary)."""
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _fmt(value, spec=".0f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _spread(row: dict) -> str:
+    return f"{_fmt(row.get('tokens_per_s'))} ({_fmt(row.get('tokens_per_s_min'))}–{_fmt(row.get('tokens_per_s_max'))})"
+
+
+def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[str, bool | None]]:
+    """The markdown lines of one workload × batch table, and per policy whether it reached the line."""
+    nospec = next((r for r in rows if r.get("role") == "baseline" or r.get("mode") == "nospec"), None)
+    fixed = sorted((r for r in rows if str(r.get("mode", "")).startswith("fixed:")), key=lambda r: r.get("fixed_k") or 0)
+    best = max(fixed, key=lambda r: r.get("tokens_per_s") or 0, default=None)
+    static = max([r.get("tokens_per_s") or 0 for r in [nospec, best] if r is not None], default=0)
+    has_oracle = any(_first(r, "oracle_tokens_per_s") is not None for r in rows)
+    has_efficiency = any(_first(r, "policy_efficiency", "efficiency") is not None for r in rows)
+    header = ["mode", "tok/s (min–max)", "÷ max(no-spec, best fixed)", f"≥ {LINE}", "AL"]
+    header += ["oracle tok/s"] * has_oracle + ["efficiency"] * has_efficiency
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    reached: dict[str, bool | None] = {}
+
+    def line(label: str, row: dict | None, mark: bool) -> None:
+        if row is None:
+            return
+        tps = row.get("tokens_per_s")
+        ratio = tps / static if tps and static else None
+        verdict = "—"
+        if mark:
+            ok = None if ratio is None else ratio >= LINE
+            reached[label] = ok
+            verdict = "—" if ok is None else ("reached" if ok else "**not reached**")
+        cells = [label, _spread(row), _fmt(ratio, ".3f"), verdict, _fmt(row.get("al"), ".2f")]
+        cells += [_fmt(_first(row, "oracle_tokens_per_s"))] * has_oracle
+        cells += [_fmt(_first(row, "policy_efficiency", "efficiency"), ".3f")] * has_efficiency
+        lines.append("| " + " | ".join(cells) + " |")
+
+    line("no-spec", nospec, False)
+    for row in fixed:
+        line(f"fixed K={row.get('fixed_k')}" + (" (best fixed)" if row is best else ""), row, False)
+    for policy in policies:
+        row = next((r for r in rows if r.get("mode") in (f"varK:{policy}", policy)), None)
+        if row is None:
+            lines.append(f"| {policy} | not in the bench rows | — | — | — |" + " — |" * (has_oracle + has_efficiency))
+            reached[policy] = None
+        else:
+            line(policy, row, True)
+    for row in rows:  # an oracle the bench reports as a row of its own
+        if str(row.get("mode", "")).startswith("oracle"):
+            line(row["mode"], row, False)
+    return lines, reached
+
+
+def workload_section(workload: Workload, rows: list[dict], policies: list[str], record: dict | None) -> tuple[list[str], dict]:
+    """A workload's heading, its run facts and one table per batch size; and the verdicts."""
+    lines = [f"#### {workload.name}: {workload.about}", ""]
+    if record:
+        lines += [f"`{record['command']}`  ", f"{record['seconds']} s; load before: {_load(record['uptime_before'])}, "
+                  f"after: {_load(record['uptime_after'])}" + ("" if record.get("exit_code") == 0 else
+                                                              f"; **bench exit code {record.get('exit_code')}**"), ""]
+    digests = sorted({r["prompts_sha256"][:12] for r in rows if r.get("prompts_sha256")})
+    if digests:
+        lines += [f"prompts sha256 {', '.join(digests)}…", ""]
+    verdicts = {}
+    for batch in sorted({r["batch_size"] for r in rows}):
+        mine = [r for r in rows if r["batch_size"] == batch]
+        table, reached = batch_table(mine, policies)
+        same = all(r.get("identical_to_nospec") is not False for r in mine)
+        lines += [f"batch {batch}" + ("" if same else " — **some mode's tokens differ from no-spec**") + ":", "", *table, ""]
+        verdicts[batch] = reached
+    return lines, verdicts
+
+
+def _load(text: str) -> str:
+    return text.split("load average:")[-1].strip()
+
+
+def summary_table(verdicts: dict[str, dict], policies: list[str]) -> list[str]:
+    """Per workload and policy, the batch sizes where the policy missed the 0.97 line."""
+    lines = ["| workload | " + " | ".join(f"{p}: batches below {LINE}" for p in policies) + " |",
+             "|" + "---|" * (len(policies) + 1)]
+    for name, by_batch in verdicts.items():
+        cells = []
+        for policy in policies:
+            missed = [str(b) for b, reached in by_batch.items() if reached.get(policy) is False]
+            unknown = [str(b) for b, reached in by_batch.items() if reached.get(policy) is None]
+            cells.append((", ".join(missed) or "none") + (f" (no figure at {', '.join(unknown)})" if unknown else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render(out: Path, names: list[str], policies: list[str], records: dict[str, dict]) -> str:
+    """The markdown of every table, tuned-on workloads first, then the held-out ones."""
+    sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
+    verdicts: dict[str, dict] = {}
+    for name in names:
+        workload = WORKLOADS[name]
+        path = out / f"{name}.json"
+        if not path.exists():
+            sections[workload.section] += [f"#### {name}: no results ({path} missing)", ""]
+            continue
+        lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies, records.get(name))
+        sections[workload.section] += lines
+    text = [f"Policies: {', '.join(policies)}. A cell reaches the line when the policy's median tok/s ≥ {LINE} × "
+            "max(no-spec, best fixed K) of the same bench and batch size.", "",
+            "Batch sizes where a policy is below the line:", "", *summary_table(verdicts, policies), ""]
+    for section, title in ((TUNED, "Tuned on (K-policy parameters were fitted on these kinds)"),
+                           (HELD_OUT, "Held out (evaluation only: nothing was fitted on them)")):
+        if sections[section]:
+            text += [f"### {title}", "", *sections[section]]
+    return "\n".join(text).rstrip() + "\n"
+
+
+def update_readme(readme: Path, tables: str) -> None:
+    """Replace the text between the k_policy_tables markers of ``readme`` with ``tables``."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme} has no k_policy_tables markers; add the lines\n{README_BEGIN}\n{README_END}\n"
+                         "where the tables go")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{tables}{README_END}{tail}")
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default: the embedded-model ones)")
+    parser.add_argument("--policies", default="", help="K policies to run beside " + " and ".join(DEFAULT_POLICIES))
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per mode (interleaved; default 3)")
+    parser.add_argument("--count", type=int, default=24, help="prompts per workload (default 24)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "k_policy",
+                        help="directory for the JSON, logs and tables.md")
+    parser.add_argument("--render-only", action="store_true", help="no bench: the tables from --out's JSON")
+    parser.add_argument("--update-readme", type=Path, metavar="README",
+                        help="also replace the tables between the k_policy_tables markers of this file")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        print(f"unknown workload '{unknown[0]}': choose from {', '.join(WORKLOADS)}", file=sys.stderr)
+        return 2
+    policies = list(DEFAULT_POLICIES) + [p.strip() for p in args.policies.split(",")
+                                         if p.strip() and p.strip() not in DEFAULT_POLICIES]
+    from spdflow.plugins import get_plugin_manager
+
+    known = set(get_plugin_manager().registry()["k_policy"])
+    missing = [p for p in policies if p not in known]
+    if missing:
+        print(f"unknown K policy '{missing[0]}': registered are {', '.join(sorted(known))}", file=sys.stderr)
+        return 2
+    if args.repeats < 1 or args.count < 1:
+        print("--repeats and --count must be at least 1", file=sys.stderr)
+        return 2
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    runs_path = out / "runs.json"
+    records = {r["workload"]: r for r in json.loads(runs_path.read_text())} if runs_path.exists() else {}
+    failed = []
+    if not args.render_only:
+        os.environ.setdefault("PYTHONUNBUFFERED", "1")
+        for name in names:
+            records[name] = run_workload(WORKLOADS[name], policies, args, out)
+            runs_path.write_text(json.dumps(list(records.values()), indent=1))
+            if records[name]["exit_code"] != 0:
+                failed.append(name)
+                print(f"   {name} failed: see {out / (name + '.log')}", file=sys.stderr)
+    tables = render(out, names, policies, records)
+    (out / "tables.md").write_text(tables)
+    print(tables)
+    if args.update_readme is not None:
+        update_readme(args.update_readme, tables)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

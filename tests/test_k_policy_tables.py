@@ -1,0 +1,91 @@
+"""benchmarks/k_policy_tables.py: the bench command it runs, the table math, the README update."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = importlib.util.spec_from_file_location("k_policy_tables", REPO / "benchmarks" / "k_policy_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(mode, batch, tps, role, **extra):
+    return {"mode": mode, "batch_size": batch, "tokens_per_s": tps, "tokens_per_s_min": tps - 1,
+            "tokens_per_s_max": tps + 1, "role": role, "al": 2.0, "identical_to_nospec": True, **extra}
+
+
+ROWS = [_row("nospec", 1, 100.0, "baseline"), _row("fixed:2", 1, 150.0, "one_k", fixed_k=2),
+        _row("fixed:4", 1, 160.0, "one_k", fixed_k=4), _row("varK:goodput", 1, 156.0, "varK"),
+        _row("varK:smallest_covering", 1, 150.0, "varK"),
+        _row("nospec", 8, 200.0, "baseline"), _row("fixed:2", 8, 180.0, "one_k", fixed_k=2),
+        _row("fixed:4", 8, 150.0, "one_k", fixed_k=4), _row("varK:goodput", 8, 190.0, "varK"),
+        _row("varK:smallest_covering", 8, 196.0, "varK")]
+
+
+def test_bench_command_runs_every_fixed_k_and_each_policy(tables):
+    workload = tables.WORKLOADS["stdlib_tests"]
+    command = tables.bench_command(workload, ["goodput", "smallest_covering", "guarded"], 3, 24, Path("x.json"))
+    assert command[:3] == ["nice", "-n", "-20"]
+    assert command[command.index("--modes") + 1] == "nospec,fixed:all,goodput,smallest_covering,guarded"
+    assert command[command.index("--batch-sizes") + 1] == "1,2,4,8"
+    assert "workload.builtin=stdlib_tests" in command and "workload.count=24" in command
+    assert workload.section == tables.HELD_OUT and tables.WORKLOADS["code"].section == tables.TUNED
+    import spdflow_workloads
+
+    held_out = {name for name, w in tables.WORKLOADS.items() if w.section == tables.HELD_OUT}
+    assert held_out == set(spdflow_workloads.EVALUATION_ONLY)
+
+
+def test_ratios_are_against_the_better_of_nospec_and_the_best_fixed_k(tables):
+    lines, reached = tables.batch_table([r for r in ROWS if r["batch_size"] == 1], ["goodput", "smallest_covering"])
+    text = "\n".join(lines)
+    assert "| fixed K=4 (best fixed) | 160 (159–161) | 1.000 |" in text
+    assert "| goodput | 156 (155–157) | 0.975 | reached |" in text
+    assert "| smallest_covering | 150 (149–151) | 0.938 | **not reached** |" in text
+    assert reached == {"goodput": True, "smallest_covering": False}
+    assert "oracle" not in text  # no oracle keys in these rows: no oracle columns
+    _, reached = tables.batch_table([r for r in ROWS if r["batch_size"] == 8], ["goodput", "smallest_covering"])
+    assert reached == {"goodput": False, "smallest_covering": True}  # no-spec is the better static choice here
+
+
+def test_oracle_columns_appear_when_the_rows_have_them_and_a_missing_policy_is_no_verdict(tables):
+    rows = [dict(r, oracle_tokens_per_s=170.0, policy_efficiency=r["tokens_per_s"] / 170.0) if r["role"] == "varK" else r
+            for r in ROWS if r["batch_size"] == 1]
+    lines, reached = tables.batch_table(rows, ["goodput", "guarded"])
+    assert "oracle tok/s" in lines[0] and "efficiency" in lines[0]
+    assert any(line.startswith("| goodput |") and "| 170 | 0.918 |" in line for line in lines)
+    assert reached == {"goodput": True, "guarded": None}
+    assert any(line.startswith("| guarded | not in the bench rows") for line in lines)
+
+
+def test_render_splits_tuned_on_from_held_out_and_updates_the_readme(tables, tmp_path):
+    for name in ("code", "thirdparty"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(ROWS))
+    text = tables.render(tmp_path, ["code", "thirdparty"], ["goodput", "smallest_covering"], {})
+    tuned, held = text.index("### Tuned on"), text.index("### Held out")
+    assert tuned < text.index("#### code") < held < text.index("#### thirdparty")
+    assert "| code | 8 | 1 |" in text  # goodput misses at batch 8, smallest_covering at batch 1
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{tables.README_BEGIN}\nold\n{tables.README_END}\noutro\n")
+    tables.update_readme(readme, text)
+    updated = readme.read_text()
+    assert "old" not in updated and updated.startswith("intro\n") and updated.endswith("outro\n") and "#### code" in updated
+
+
+def test_unknown_workload_or_policy_exits_2_before_any_bench(tables, capsys, tmp_path):
+    assert tables.main(["--workloads", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err
+    assert tables.main(["--policies", "no_such_policy", "--out", str(tmp_path)]) == 2
+    assert "unknown K policy 'no_such_policy'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
