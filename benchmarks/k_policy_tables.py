@@ -109,7 +109,9 @@ def run_workload(workload: Workload, policies: list[str], args, out: Path) -> di
     """One bench; returns its record (command, load before/after, seconds, exit code)."""
     json_path = out / f"{workload.name}.json"
     command = bench_command(workload, policies, args.repeats, args.count, json_path)
-    record = {"workload": workload.name, "command": " ".join(_quote(c) for c in command), "uptime_before": uptime()}
+    shown = [c if c != sys.executable else "python" for c in command]
+    shown = [_relative(c) for c in shown]
+    record = {"workload": workload.name, "command": " ".join(_quote(c) for c in shown), "uptime_before": uptime()}
     print(f"== {workload.name}: {record['command']}", file=sys.stderr, flush=True)
     start = time.monotonic()
     with open(out / f"{workload.name}.md", "w") as stdout, open(out / f"{workload.name}.log", "w") as stderr:
@@ -117,6 +119,11 @@ def run_workload(workload: Workload, policies: list[str], args, out: Path) -> di
     record.update(seconds=round(time.monotonic() - start, 1), uptime_after=uptime(), exit_code=code)
     print(f"   {workload.name}: exit {code} after {record['seconds']} s; {record['uptime_after']}", file=sys.stderr, flush=True)
     return record
+
+
+def _relative(text: str) -> str:
+    """A path inside the repository as the README shows it: relative to the repository."""
+    return text.removeprefix(str(REPO) + os.sep)
 
 
 def _quote(text: str) -> str:
