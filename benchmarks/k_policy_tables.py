@@ -6,7 +6,8 @@ K > 0 of the K-list) and each K policy: ``goodput`` and ``smallest_covering`` al
 named with ``--policies``. Its rows (``<out>/<workload>.json``) give one markdown table per
 workload × batch size: no-spec, each fixed K (the best marked), each policy's tokens/s with its
 ratio to max(no-spec, best fixed K) and whether it reaches the issue's 0.97 line; the oracle,
-policy efficiency and regret too when the bench rows carry them. ``uptime`` is recorded before
+policy efficiency and regret too when the bench rows carry them (priced by ``spdflow.oracle``'s
+cost model, not measured; ``*``: a beam search's best found, not proven best). ``uptime`` is recorded before
 and after each workload, and the wall time each took. Workloads some K-policy parameter was
 tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) get separate sections.
 
@@ -160,8 +161,9 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
     static = max([r.get("tokens_per_s") or 0 for r in [nospec, best] if r is not None], default=0)
     has_oracle = any(_first(r, "oracle_tokens_per_s") is not None for r in rows)
     has_efficiency = any(_first(r, "policy_efficiency", "efficiency") is not None for r in rows)
+    has_regret = any(_first(r, "regret_vs_best_static") is not None for r in rows)
     header = ["mode", "tok/s (min–max)", "÷ max(no-spec, best fixed)", f"≥ {LINE}", "AL"]
-    header += ["oracle tok/s"] * has_oracle + ["efficiency"] * has_efficiency
+    header += ["oracle tok/s (priced)"] * has_oracle + ["efficiency"] * has_efficiency + ["regret (priced)"] * has_regret
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     reached: dict[str, bool | None] = {}
 
@@ -176,8 +178,11 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
             reached[label] = ok
             verdict = "—" if ok is None else ("reached" if ok else "**not reached**")
         cells = [label, _spread(row), _fmt(ratio, ".3f"), verdict, _fmt(row.get("al"), ".2f")]
-        cells += [_fmt(_first(row, "oracle_tokens_per_s"))] * has_oracle
+        oracle = _fmt(_first(row, "oracle_tokens_per_s"))
+        cells += [oracle + ("*" if row.get("oracle_exact") is False else "")] * has_oracle
         cells += [_fmt(_first(row, "policy_efficiency", "efficiency"), ".3f")] * has_efficiency
+        regret = _first(row, "regret_vs_best_static")
+        cells += ["—" if regret is None else f"{regret * 100:+.1f} %"] * has_regret
         lines.append("| " + " | ".join(cells) + " |")
 
     line("no-spec", nospec, False)
@@ -186,7 +191,7 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
     for policy in policies:
         row = next((r for r in rows if r.get("mode") in (f"varK:{policy}", policy)), None)
         if row is None:
-            lines.append(f"| {policy} | not in the bench rows | — | — | — |" + " — |" * (has_oracle + has_efficiency))
+            lines.append(f"| {policy} | not in the bench rows | — | — | — |" + " — |" * (has_oracle + has_efficiency + has_regret))
             reached[policy] = None
         else:
             line(policy, row, True)

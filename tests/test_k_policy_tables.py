@@ -60,11 +60,11 @@ def test_ratios_are_against_the_better_of_nospec_and_the_best_fixed_k(tables):
 
 
 def test_oracle_columns_appear_when_the_rows_have_them_and_a_missing_policy_is_no_verdict(tables):
-    rows = [dict(r, oracle_tokens_per_s=170.0, policy_efficiency=r["tokens_per_s"] / 170.0) if r["role"] == "varK" else r
-            for r in ROWS if r["batch_size"] == 1]
+    rows = [dict(r, oracle_tokens_per_s=170.0, oracle_exact=False, policy_efficiency=r["tokens_per_s"] / 170.0,
+                 regret_vs_best_static=-0.02) if r["role"] == "varK" else r for r in ROWS if r["batch_size"] == 1]
     lines, reached = tables.batch_table(rows, ["goodput", "guarded"])
-    assert "oracle tok/s" in lines[0] and "efficiency" in lines[0]
-    assert any(line.startswith("| goodput |") and "| 170 | 0.918 |" in line for line in lines)
+    assert "oracle tok/s" in lines[0] and "efficiency" in lines[0] and "regret" in lines[0]
+    assert any(line.startswith("| goodput |") and "| 170* | 0.918 | -2.0 % |" in line for line in lines)
     assert reached == {"goodput": True, "guarded": None}
     assert any(line.startswith("| guarded | not in the bench rows") for line in lines)
 
