@@ -82,6 +82,8 @@ class BenchOptions:
     peers: list[str] = field(default_factory=list)
     repeats: int = 3
     json_path: Path | None = None
+    #: the oracle and regret columns of K-list policy rows (greedy, with a proposer)
+    oracle: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class ModeRun:
     peak_rss_mb: float
     rss_growth_mb: float
     role: str = VARK
+    records: list[dict] = field(default_factory=list)  # the run's trace (prices it for the oracle)
 
 
 # ------------------------------------------------------------------------------ planning
@@ -330,7 +333,7 @@ class BatchBench:
             results = self._generate(mode, records)
         tokens = {r.index: r.tokens.tolist() for r in results}
         return ModeRun(mode.row, self.batch_size, repeat, compute_metrics(records), tokens,
-                       round(rss.peak, 1), round(rss.peak - rss.before, 1), mode.role)
+                       round(rss.peak, 1), round(rss.peak - rss.before, 1), mode.role, records)
 
     def _generate(self, mode: Mode | None, records: list) -> list:
         """One generation: ``mode``'s policy with the recipe's proposer when the mode speculates;
@@ -464,7 +467,7 @@ def _same(value) -> str:
 
 
 TABLE_COLUMNS = ("batch", "mode", "req/s", "tok/s (min–max)", "TPOT ms", "AL", "Δ vs no-spec", "varK vs fixed",
-                 "host %", "peak RSS MiB (+mode)", "same tokens")
+                 "oracle tok/s", "policy eff.", "regret", "host %", "peak RSS MiB (+mode)", "same tokens")
 
 
 def table_cells(row: dict) -> list[str]:
@@ -474,8 +477,15 @@ def table_cells(row: dict) -> list[str]:
     rss = f"{_fmt(row.get('peak_rss_mb'), '.0f')} ({_fmt(row.get('rss_growth_mb'), '+.0f')})"
     return [str(row["batch_size"]), row["mode"], _fmt(row.get("requests_per_s"), ".2f"), spread,
             _fmt(row.get("tpot_ms"), ".2f"), _fmt(row.get("al"), ".2f"), _pct(row.get("delta_vs_nospec")),
-            _pct(row.get("varK_vs_fixed")), _fmt(None if host is None else host * 100, ".1f"), rss,
+            _pct(row.get("varK_vs_fixed")), _oracle_cell(row), _fmt(row.get("policy_efficiency"), ".3f"),
+            _pct(row.get("regret_vs_best_static")), _fmt(None if host is None else host * 100, ".1f"), rss,
             _same(row.get("identical_to_nospec")) + _where(row.get("divergence"))]
+
+
+def _oracle_cell(row: dict) -> str:
+    """The oracle's priced tok/s, marked * when it is a beam's best found (not proven best)."""
+    value = row.get("oracle_tokens_per_s")
+    return "—" if value is None else _fmt(value) + ("" if row.get("oracle_exact") else "*")
 
 
 def _where(divergence: dict | None) -> str:
@@ -544,6 +554,8 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
                 rate = run.metrics.e2e_tokens_per_s or 0
             progress(f"batch {batch_size} repeat {repeat + 1}/{options.repeats} {name}: {rate:.1f} tok/s")
         rows = summarize(runs, reference if greedy else None)
+        if options.oracle:
+            add_oracle(pm, bench, rows, runs, progress)
         rows += peer_rows(peer_runs, batch_size, reference if greedy else None)
         for row in rows:
             row["prompts_sha256"] = bench.prompts_sha256
@@ -552,6 +564,46 @@ def bench_batch(pm, loaded, batch_size: int, options: BenchOptions, ui,
             peer.close()
         bench.close()
     return rows
+
+
+def add_oracle(pm, bench: BatchBench, rows: list[dict], runs: list[ModeRun], progress: Callable[[str], None]) -> None:
+    """Oracle columns for the K-list policy rows of one batch size (:mod:`spdflow.oracle`).
+
+    One cost model prices every row: each K's verify time is the mean over every timed run at
+    this batch size of the steps that verified it (all modes pooled: no-spec gives K = 0, fixed
+    its K), a K run fewer than 5 times taken from a grid timed on the same session afterwards
+    (which also gives the switch cost). The oracle is computed once per batch size over the
+    warm-up's greedy tokens: one proposer pass per request and K of the list, then the search.
+    Rows get ``oracle_tokens_per_s``, ``policy_priced_tokens_per_s`` (the row's own runs priced
+    alike, beside its measured tok/s), ``policy_efficiency`` and ``regret_vs_best_static``
+    (medians over repeats), and an ``oracle_detail``. Skipped (None) for sampled workloads and
+    without a proposer; ``--no-oracle`` skips it (a draft-model proposer makes the pass costly).
+    """
+    from spdflow.costs import measure_grid
+    from spdflow.oracle import MeasuredSteps, trace_oracle
+
+    policy_rows = [row for row in rows if row.get("role") == VARK]
+    if not policy_rows or bench.sampling.temperature != 0 or bench.recipe.proposer is None:
+        return
+    progress(f"batch {bench.batch_size}: oracle (proposer pass per request and K, then the search)")
+    config, ks = bench.config, compile_k_list(bench.recipe)
+    traces = [run.records for run in runs]
+    gaps = [float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0)) for t in traces for s in t
+            if s.get("kind") == "step"]
+    grid = measure_grid(pm, bench.session, bench.batch_size, ks, config.pad_token_id, config.prefill_seq_len,
+                        config.full_batch_size is not None, gap_s=statistics.median(gaps) if gaps else 0.0)
+    cost = MeasuredSteps(bench.batch_size, traces, grid)
+    oracle = trace_oracle(pm, bench.engine, bench.info, bench.requests, bench.baseline, ks, bench.batch_size,
+                          config.full_batch_size is not None, traces, cost)
+    progress(f"batch {bench.batch_size}: {oracle.label} {oracle.oracle_tokens_per_s:.1f} tok/s "
+             f"(priced; computed in {oracle.seconds:.1f} s)")
+    for row in policy_rows:
+        figures = [oracle.against(run.records) for run in runs if run.mode == row["mode"]]
+        for key in ("policy_priced_tokens_per_s", "policy_efficiency", "regret_vs_best_static"):
+            row[key] = statistics.median(f[key] for f in figures)
+        row["oracle_tokens_per_s"] = oracle.oracle_tokens_per_s
+        row["oracle_exact"] = oracle.found.exact
+        row["oracle_detail"] = oracle.to_json()
 
 
 def peer_work_dir(recipe) -> Path:

@@ -37,13 +37,20 @@ def parse_list(text: str | None, what: str, cast=str) -> list | None:
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead of the rich one.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key (dotted path; value parsed as YAML). Repeatable.")
+@click.option("--no-oracle", "no_oracle", is_flag=True,
+              help="Skip the oracle columns (oracle tok/s, policy efficiency, regret) of K-list policy rows; computing "
+                   "them re-runs the proposer once per request and K after the timed runs (costly for a draft model).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--allow-outside-paths", is_flag=True, help="Let the recipe read files outside its own folder.")
-def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overrides, quiet, allow_outside_paths):
+def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overrides, no_oracle, quiet,
+          allow_outside_paths):
     """Benchmark RECIPE: no-spec vs fixed-K vs each K policy (and peers) on one workload, side by side.
 
     Compiles once per batch size (the K-list plus 0) and reuses one session across modes;
     modes and repeats are interleaved; every figure (AL and K histogram too) is a median over repeats.
+    Greedy K-list policy rows also get the oracle (the best K schedule in hindsight, * when a beam's
+    best found), the policy's efficiency against it and its regret against the best static choice,
+    all priced by the step costs the runs measured.
     """
     from rich.console import Console
 
@@ -53,7 +60,8 @@ def bench(recipe, batch_sizes, modes, peers, repeats, json_path, markdown, overr
     from spdflow.ui import RichUI
 
     options = BenchOptions(batch_sizes=parse_list(batch_sizes, "batch-sizes", int), modes=parse_list(modes, "modes"),
-                           peers=parse_list(peers, "peers") or [], repeats=repeats, json_path=json_path)
+                           peers=parse_list(peers, "peers") or [], repeats=repeats, json_path=json_path,
+                           oracle=not no_oracle)
     pm = get_plugin_manager()
     loaded = load_recipe(recipe, pm, list(overrides))
     loaded.allow_outside_paths = allow_outside_paths

@@ -520,3 +520,157 @@ def oracle_report(pm, run, cost: CostModel, policy: str | None = None, batch_siz
     return OracleReport(oracle_tps, best.steps, best.k_usage, policy, mine.tokens_per_s, nospec.tokens_per_s,
                         fixed_tps, mine.tokens_per_s / oracle_tps, mine.tokens_per_s / best_static - 1, batch,
                         best.exact, width)
+
+
+# ------------------------------------------------------------------------------ a generation's own trace
+
+
+#: a K the traces verified fewer times than this is priced from the timed grid instead
+MIN_STEPS = 5
+
+
+class MeasuredSteps(CostModel):
+    """Step costs of one batch size as a generation measured them: the mean verify time of each
+    K its traces ran at least :data:`MIN_STEPS` times (the mean: a throughput is a sum of step
+    times); a K run less often takes the median a timed grid (:func:`spdflow.costs.measure_grid`
+    on the same session) gives, scaled by the median ratio of trace mean to grid median over the
+    K both have (the grid's runs sit outside a generation and time differently, so only its
+    shape across K is used); the switch cost from the grid, scaled alike (0 without a grid).
+    Verify runs only: the host and proposer time per step are the traces' own
+    (:func:`trace_oracle`)."""
+
+    name = "measured steps"
+
+    def __init__(self, batch: int, traces: Sequence[Sequence[dict]], grid=None):
+        self.batch, self.grid = batch, grid
+        times: dict[int, list[float]] = {}
+        for records in traces:
+            for r in records:
+                if r.get("kind") == "step":
+                    times.setdefault(int(r["k"]), []).append(float(r["verify_s"]))
+        self.own = {k: statistics.fmean(v) for k, v in times.items() if len(v) >= MIN_STEPS}
+        self.counts = {k: len(v) for k, v in times.items()}
+        both = [self.own[k] / grid.verify_s[k] for k in self.own if grid is not None and grid.verify_s.get(k)]
+        #: trace time ÷ grid time, applied to what only the grid gives
+        self.scale = statistics.median(both) if both else 1.0
+
+    def verify_s(self, batch, k):
+        if k in self.own:
+            return self.own[k]
+        if self.grid is not None and k in self.grid.verify_s:
+            return self.grid.verify_s[k] * self.scale
+        raise UsageError(f"no measured step cost for K = {k} at batch {batch}")
+
+    def switch_s(self, batch):
+        return self.grid.switch_s * self.scale if self.grid is not None else 0.0
+
+    def sources(self) -> dict[str, str]:
+        return {str(k): (f"mean of {self.counts[k]} steps" if k in self.own else f"grid × {self.scale:.3f}")
+                for k in sorted(set(self.own) | set(self.grid.verify_s if self.grid is not None else ()))}
+
+    def describe(self):
+        return {"cost_model": self.name, "batch": self.batch, "sources": self.sources(),
+                "verify_ms": {str(k): round(self.verify_s(self.batch, k) * 1e3, 4) for k in sorted(
+                    set(self.own) | set(self.grid.verify_s if self.grid is not None else ()))},
+                "switch_ms": round(self.switch_s(self.batch) * 1e3, 4)}
+
+
+def _steps(records: Sequence[dict]) -> list[dict]:
+    return [r for r in records if r.get("kind") == "step"]
+
+
+def outside_s(records: Sequence[dict]) -> float:
+    """Wall time outside the decode steps (prefills, one-off setup), from a trace."""
+    from spdflow.report.metrics import compute_metrics
+
+    m = compute_metrics(list(records))
+    inside = sum(float(s["verify_s"]) + float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0))
+                 for s in _steps(records))
+    return max(0.0, m.wall_s - inside)
+
+
+def priced_decode_s(records: Sequence[dict], cost: CostModel, batch: int) -> float:
+    """The decode time of a recorded generation with its verify runs priced by ``cost`` (a
+    switch when K changed or a prefill came between) and its own host and proposer time."""
+    total, previous = 0.0, AFTER_PREFILL
+    for r in records:
+        if r.get("kind") == "prefill":
+            previous = AFTER_PREFILL
+        elif r.get("kind") == "step":
+            k = int(r["k"])
+            total += cost.verify_s(batch, k) + (cost.switch_s(batch) if k != previous else 0.0)
+            total += float(r.get("host_s", 0.0)) + float(r.get("propose_s", 0.0))
+            previous = k
+    return total
+
+
+@dataclass
+class TraceOracle:
+    """The oracle of a generation and the static choices, priced by one cost model; what a
+    K-list policy's recorded run is measured against (:meth:`against`)."""
+
+    batch_size: int
+    tokens: int
+    outside_s: float
+    cost: CostModel
+    found: Found
+    static_s: dict[int, float]  # decode seconds of K = k at every step (0: no-spec)
+    width: int
+    seconds: float  # what computing it took (match lengths + search), not part of any run's time
+
+    @property
+    def label(self) -> str:
+        return "oracle" if self.found.exact else f"oracle (best found, beam {self.width})"
+
+    def tokens_per_s(self, decode_s: float) -> float:
+        return self.tokens / (self.outside_s + decode_s)
+
+    @property
+    def oracle_tokens_per_s(self) -> float:
+        return self.tokens_per_s(self.found.seconds)
+
+    @property
+    def best_static(self) -> tuple[int, float]:
+        """(K, tokens/s) of the fastest static choice (K = 0: no-spec)."""
+        k = min(self.static_s, key=lambda k: (self.static_s[k], k))
+        return k, self.tokens_per_s(self.static_s[k])
+
+    def against(self, records: Sequence[dict]) -> dict:
+        """The oracle figures for one recorded run of a policy (same workload and batch size)."""
+        policy = self.tokens_per_s(priced_decode_s(records, self.cost, self.batch_size))
+        k, static = self.best_static
+        return {"policy_priced_tokens_per_s": policy, "policy_efficiency": policy / self.oracle_tokens_per_s,
+                "regret_vs_best_static": policy / static - 1}
+
+    def to_json(self) -> dict:
+        k, static = self.best_static
+        return {"oracle": self.label, "oracle_exact": self.found.exact, "beam_width": self.width,
+                "oracle_tokens_per_s": self.oracle_tokens_per_s, "oracle_steps": self.found.steps,
+                "oracle_k_usage": {str(k): v for k, v in usage(self.found.schedule).items()},
+                "nospec_priced_tokens_per_s": self.tokens_per_s(self.static_s[0]),
+                "fixed_priced_tokens_per_s": {str(k): self.tokens_per_s(s) for k, s in self.static_s.items() if k},
+                "best_static": "no-spec" if k == 0 else f"fixed K={k}", "best_static_tokens_per_s": static,
+                "cost": self.cost.describe(), "oracle_seconds": self.seconds}
+
+
+def trace_oracle(pm, engine, info, requests, outputs: dict, ks: Sequence[int], rows: int, continuous: bool,
+                 traces: Sequence[Sequence[dict]], cost: CostModel, width: int = DEFAULT_WIDTH) -> TraceOracle:
+    """The oracle of a greedy workload whose tokens are ``outputs``, priced like its recorded
+    ``traces`` (one or more generations at batch ``rows``): verify runs by ``cost``, and per
+    step the traces' mean host time, plus their mean proposer time per drafting step at K > 0
+    (an oracle step at K = 0 drafts nothing); the time outside the steps (prefills) is the
+    traces' median. ``engine`` makes the proposer (:func:`lengths_for`)."""
+    started = time.perf_counter()
+    ks = sorted(set(ks) | {0})
+    lengths, _, _ = lengths_for(pm, engine, info, requests, outputs, ks)
+    steps = [s for records in traces for s in _steps(records)]
+    host = statistics.fmean(float(s.get("host_s", 0.0)) for s in steps) if steps else 0.0
+    drafting = [float(s["propose_s"]) for s in steps if float(s.get("propose_s", 0.0)) > 0]
+    propose = statistics.fmean(drafting) if drafting else 0.0
+    prices = StepPrices({k: cost.verify_s(rows, k) + host + (propose if k else 0.0) for k in ks}, cost.switch_s(rows))
+    ms = [lengths[r.index] for r in requests]
+    ns = [len(outputs[r.index]) for r in requests]
+    found = batch_schedule(ms, ns, rows, continuous, ks, prices, width)
+    static = {k: fixed_time(ms, ns, rows, continuous, k, prices, ks).seconds for k in ks}
+    outside = statistics.median(outside_s(records) for records in traces) if traces else 0.0
+    return TraceOracle(rows, sum(ns), outside, cost, found, static, width, time.perf_counter() - started)

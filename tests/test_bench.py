@@ -85,6 +85,31 @@ def test_bench_rows_have_the_documented_keys(tiny_rows):
             assert row[f"{key}_min"] <= row[key] <= row[f"{key}_max"]
 
 
+def test_bench_policy_rows_carry_the_oracle_priced_by_one_cost_model(tiny_rows):
+    rows, _ = tiny_rows
+    for row in rows:
+        if row["role"] != "varK":
+            assert row.get("oracle_tokens_per_s") is None
+            continue
+        detail = row["oracle_detail"]
+        static = [detail["nospec_priced_tokens_per_s"], *detail["fixed_priced_tokens_per_s"].values()]
+        assert set(detail["fixed_priced_tokens_per_s"]) == {"2", "4"}  # the K-list [2, 4], plus no-spec
+        # the oracle weighs every static choice, priced alike, and is never slower than one
+        assert row["oracle_tokens_per_s"] >= max(static) * (1 - 1e-9)
+        assert detail["best_static_tokens_per_s"] == pytest.approx(max(static))
+        assert sum(detail["oracle_k_usage"].values()) == detail["oracle_steps"] > 0
+        assert row["oracle_exact"] == detail["oracle_exact"]
+        assert detail["oracle"] == ("oracle" if row["oracle_exact"] else "oracle (best found, beam 64)")
+        assert 0 < row["policy_priced_tokens_per_s"]
+        # one oracle per batch size, so the median ratio is the ratio of the medians
+        assert row["policy_efficiency"] == pytest.approx(row["policy_priced_tokens_per_s"] / row["oracle_tokens_per_s"])
+        assert row["regret_vs_best_static"] == pytest.approx(row["policy_priced_tokens_per_s"] / max(static) - 1)
+        if row["batch_size"] == 1:
+            assert row["oracle_exact"] and row["policy_efficiency"] <= 1 + 1e-9
+    text = markdown_table(rows)
+    assert "| oracle tok/s | policy eff. | regret |" in text
+
+
 def test_bench_greedy_modes_are_identical_to_nospec(tiny_rows):
     rows, _ = tiny_rows
     assert all(row["identical_to_nospec"] is True for row in rows)
@@ -234,7 +259,12 @@ def test_bench_cli_writes_json_and_rejects_unknown_mode(tiny_recipe, tmp_path):
     rows = json.loads(out.read_text())
     assert [r["mode"] for r in rows] == ["nospec", "varK:goodput", "varK:smallest_covering"]
     assert all(r["identical_to_nospec"] for r in rows)
-    assert "| batch |" in result.stdout
+    assert "| batch |" in result.stdout and "oracle tok/s" in result.stdout
+    assert all(r.get("policy_efficiency") is not None for r in rows if r["mode"].startswith("varK:"))
+    skipped = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--repeats", "1", "--modes", "varK", "--no-oracle",
+                                       "--json", str(out), "-q"])
+    assert skipped.exit_code == 0, skipped.output
+    assert all(r.get("oracle_tokens_per_s") is None for r in json.loads(out.read_text()))
     bad = CliRunner().invoke(cli, ["bench", str(tiny_recipe), "--modes", "nospec,turbo"])
     assert bad.exit_code == 2
     assert "unknown bench mode 'turbo'" in bad.output

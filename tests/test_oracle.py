@@ -280,3 +280,19 @@ def test_oracle_at_batch_two_prices_static_choices_as_the_replay_does(greedy_run
     found = batch_schedule(ms, ns, 2, continuous, [0, 2, 4, 7], prices)
     tokens = sum(ns)
     assert report.oracle_tokens_per_s == pytest.approx(tokens / (prefills + found.seconds))
+
+
+def test_measured_steps_takes_trace_means_and_scales_the_grid_for_the_rest():
+    from spdflow.costs import GridEntry
+    from spdflow.oracle import MeasuredSteps
+
+    steps = [{"kind": "step", "k": 0, "verify_s": 0.004}] * 5 + [{"kind": "step", "k": 0, "verify_s": 0.010}] * 5
+    steps += [{"kind": "step", "k": 7, "verify_s": 0.1}] * 4  # too few: from the grid
+    grid = GridEntry(2, {0: 0.005, 4: 0.006, 7: 0.008}, 0.001, None, 16, 3)
+    cost = MeasuredSteps(2, [steps[:7], steps[7:]], grid)  # pooled over traces
+    assert cost.verify_s(2, 0) == pytest.approx(0.007)
+    assert cost.scale == pytest.approx(0.007 / 0.005)
+    assert cost.verify_s(2, 7) == pytest.approx(0.008 * 1.4) and cost.switch_s(2) == pytest.approx(0.0014)
+    assert cost.describe()["sources"] == {"0": "mean of 10 steps", "4": "grid × 1.400", "7": "grid × 1.400"}
+    with pytest.raises(Exception, match="K = 2"):
+        cost.verify_s(2, 2)
