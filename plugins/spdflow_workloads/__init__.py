@@ -197,13 +197,17 @@ def _prompts_in_file(root: Path, relative: str) -> list[CodePrompt]:
 def code_candidates(root: Path | None = None) -> tuple[CodePrompt, ...]:
     """Every code prompt the held-out stdlib yields, sorted by (path, line); cached per process."""
     root = root or stdlib_dir()
-    files = held_out_files(root) if root.is_dir() else []
+    return _openings(root, held_out_files(root) if root.is_dir() else [],
+                     f"the 'code' workload needs the Python standard library sources, but no held-out "
+                     f".py files were found under {root}",
+                     "install the full Python (not a stripped or .pyc-only build), or use another workload")
+
+
+def _openings(root: Path, files: list[str], missing: str, hint: str) -> tuple[CodePrompt, ...]:
+    """The function openings of ``files`` (relative to ``root``), sorted by (path, line); no
+    files is the error ``missing`` with its ``hint``."""
     if not files:
-        raise SpdflowError(
-            f"the 'code' workload needs the Python standard library sources, but no held-out "
-            f".py files were found under {root}",
-            hint="install the full Python (not a stripped or .pyc-only build), or use another workload",
-        )
+        raise SpdflowError(missing, hint=hint)
     prompts = [p for relative in files for p in _prompts_in_file(root, relative)]
     return tuple(sorted(prompts, key=lambda p: (p.path, p.line)))
 
@@ -234,15 +238,10 @@ def code_workload(count: int, seed: int) -> list[str]:
 def stdlib_test_candidates(root: Path | None = None) -> tuple[CodePrompt, ...]:
     """Every function opening of the held-out stdlib test modules, sorted by (path, line)."""
     root = root or stdlib_dir()
-    files = held_out_test_files(root) if root.is_dir() else []
-    if not files:
-        raise SpdflowError(
-            f"the 'stdlib_tests' workload needs the Python standard library's test modules, but no held-out "
-            f"test .py files were found under {root}",
-            hint="install a Python that ships its test suite (e.g. Debian's libpython3-testsuite), or use another workload",
-        )
-    prompts = [p for relative in files for p in _prompts_in_file(root, relative)]
-    return tuple(sorted(prompts, key=lambda p: (p.path, p.line)))
+    return _openings(root, held_out_test_files(root) if root.is_dir() else [],
+                     f"the 'stdlib_tests' workload needs the Python standard library's test modules, but no held-out "
+                     f"test .py files were found under {root}",
+                     "install a Python that ships its test suite (e.g. Debian's libpython3-testsuite), or use another workload")
 
 
 def stdlib_tests_workload(count: int, seed: int) -> list[str]:
