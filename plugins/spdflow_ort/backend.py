@@ -119,11 +119,18 @@ def _source_fingerprint(source_dir: Path) -> list:
     return [[p.name, p.stat().st_size, int(p.stat().st_mtime)] for p in files]
 
 
+def decode_graph(request: CompileRequest) -> str:
+    """The graph the program's decode steps run: the recipe's ``graph`` for the target; a draft
+    model's program stays on the reference graph (its catch-up steps feed left-padded rows, whose
+    positions GroupQueryAttention cannot place)."""
+    return ort_config(request).graph if request.role == "target" else "reference"
+
+
 def fused_params(request: CompileRequest, model) -> dict | None:
     """The fused graph's part of the compile key, or None for the reference graph; StageError
     with what to do when the program cannot have it."""
     config = ort_config(request)
-    if config.graph != "fused":
+    if decode_graph(request) != "fused":
         return None
     info = request.model_info
     problem = fused_problem(model_type=info.model_type, continuous_batching=request.continuous_batching,
@@ -466,7 +473,8 @@ class OrtBackend(Backend):
         request.progress(f"session mode {mode} ({why})")
         spinning, spin_why = resolve_spinning(config.spinning, qpc_dir)
         request.progress(f"thread spinning {'on' if spinning else 'off'} ({spin_why})")
-        request.progress(f"decode graph: {config.graph}")
+        graph = decode_graph(request)
+        request.progress(f"decode graph: {graph}" + (" (a draft model's program)" if graph != config.graph else ""))
         return OrtProgram(
             backend=BACKEND_NAME,
             qpc_dir=qpc_dir,
@@ -481,7 +489,7 @@ class OrtBackend(Backend):
             threads=config.threads,
             spinning=spinning,
             spinning_reason=spin_why,
-            graph=config.graph,
+            graph=graph,
         )
 
     def open_session(self, program: CompiledProgram, *, threads: int | None = None):

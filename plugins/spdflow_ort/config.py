@@ -28,10 +28,10 @@ class OrtConfig(CclSettings):
     )
     graph: Literal["reference", "fused"] = Field(
         "reference",
-        description="The graph decode steps run: reference (default), the exported graph, the one a QAIC host "
-        "compiles; or fused, a CPU graph built from the same weights with ONNX Runtime's fused kernels "
+        description="The graph the target's decode steps run: reference (default), the exported graph, the one a "
+        "QAIC host compiles; or fused, a CPU graph built from the same weights with ONNX Runtime's fused kernels "
         "(GroupQueryAttention with RoPE and the KV cache in place, SkipSimplifiedLayerNormalization). Prefill "
-        "always runs the reference graph. fused needs a llama/qwen2/mistral float32 model on the CPU, a "
+        "and a draft model always run the reference graph. fused needs a llama/qwen2/mistral float32 model on the CPU, a "
         "head_dim that is a multiple of 16, no continuous batching and no extra target outputs.",
     )
     session_mode: Literal["auto", "static", "dynamic"] = Field(

@@ -6,6 +6,8 @@ graph does, never into a slot a real token owns.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -196,3 +198,17 @@ def test_embedded_model_run_on_the_fused_graph_gives_the_reference_tokens(tmp_pa
         lines = (run / "outputs.jsonl").read_text().splitlines()
         tokens[graph] = [json.loads(line)["tokens"] for line in lines]
     assert len(tokens["fused"]) == 2 and tokens["fused"] == tokens["reference"]
+
+
+def test_a_draft_models_program_stays_on_the_reference_graph(models):
+    """A draft model's catch-up steps feed left-padded rows, which GQA cannot place: its program
+    keeps the reference graph while the target's runs the fused one."""
+    from dataclasses import replace
+
+    from spdflow_ort.backend import OrtBackend
+
+    built = models()
+    draft = OrtBackend().compile(replace(built.request(specs_for(), graph="fused"), role="draft"))
+    assert draft.graph == "reference"
+    assert "fused" not in json.loads((draft.qpc_dir / "qpc" / "manifest.json").read_text())
+    assert built.compile(graph="fused").graph == "fused"
