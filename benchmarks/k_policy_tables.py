@@ -239,6 +239,12 @@ def summary_table(verdicts: dict[str, dict], policies: list[str]) -> list[str]:
     return lines
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (no machine paths in tables)."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 def render(out: Path, names: list[str], policies: list[str], records: dict[str, dict]) -> str:
     """The markdown of every table, tuned-on workloads first, then the held-out ones."""
     sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
@@ -247,7 +253,7 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[str, 
         workload = WORKLOADS[name]
         path = out / f"{name}.json"
         if not path.exists():
-            sections[workload.section] += [f"#### {name}: no results ({path} missing)", ""]
+            sections[workload.section] += [f"#### {name}: no results ({shown(path)} missing)", ""]
             continue
         lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies, records.get(name))
         sections[workload.section] += lines
