@@ -59,11 +59,19 @@ class StepCostModel:
     what it took (moving average, step ``cost_ema``); the first step after a change instead
     teaches the switch penalty: its excess over the steady time (step ``penalty_ema``). Host
     time per K is a moving average too; shapes not run yet start from the first host time seen.
+
+    Verify times are kept non-decreasing in K: a shape with more positions never costs less.
+    The timed grid is short and taken on a busy machine it can rate K = 7 below K = 2
+    (benchmarks/README.md, "The timed grid can invert the order of K"); a K that runs pulls the
+    larger K up to its own time and the smaller K down to it, so a noisy start is not acted on.
     """
 
     def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float):
         self.cost_ema, self.penalty_ema = cost_ema, penalty_ema
-        self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in ks}
+        self.ks = sorted(ks)
+        self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in self.ks}
+        for smaller, larger in zip(self.ks, self.ks[1:]):
+            self.verify_s[larger] = max(self.verify_s[larger], self.verify_s[smaller])
         self.host_s: dict[int, float | None] = {k: None for k in ks}
         self.penalty_s = 0.0  # extra verify time of the first step after a change of K
         self.propose_s: float | None = None  # seconds per proposer call, once one was seen
@@ -85,7 +93,11 @@ class StepCostModel:
         """One step's times; K becomes the last K."""
         a = self.cost_ema
         if k == self.last_k:
-            self.verify_s[k] += a * (verify_s - self.verify_s[k])
+            verify = self.verify_s
+            verify[k] += a * (verify_s - verify[k])
+            for other in self.ks:  # keep the order of K (see the class docstring)
+                if (other > k and verify[other] < verify[k]) or (other < k and verify[other] > verify[k]):
+                    verify[other] = verify[k]
         elif self.last_k is not None:
             excess = verify_s - self.verify_s[k]
             self.penalty_s += self.penalty_ema * (excess - self.penalty_s)

@@ -249,6 +249,21 @@ def test_step_cost_model_follows_repeated_steps_and_learns_the_switch_penalty():
     assert costs.detour_cost(4, back=1.0) == pytest.approx(2.5 + 0.2 + 2 * 0.5)
 
 
+def test_step_cost_model_keeps_verify_times_in_the_order_of_k():
+    # A noisy grid that rates K = 4 below K = 2 and K = 7 below both starts in order instead.
+    costs = StepCostModel([0, 2, 4, 7], {0: 1.0, 2: 3.0, 4: 2.0, 7: 2.5}, cost_ema=0.5, penalty_ema=0.5)
+    assert costs.verify_s == {0: 1.0, 2: 3.0, 4: 3.0, 7: 3.0}
+    for _ in range(20):  # K = 4 runs at 4 s: K = 7 cannot be cheaper, K = 2 stays as it is
+        costs.observe(4, 4.0, 0.0, 0.0)
+    assert costs.verify_s[4] == pytest.approx(4.0) and costs.verify_s[7] == costs.verify_s[4]
+    assert costs.verify_s[2] == 3.0
+    for _ in range(20):  # then K = 4 at 0.5 s: K = 2 and K = 0 cannot be dearer
+        costs.observe(4, 0.5, 0.0, 0.0)
+    assert costs.verify_s[0] == costs.verify_s[2] == costs.verify_s[4] == pytest.approx(0.5, rel=1e-4)
+    assert costs.verify_s[7] == pytest.approx(4.0)  # what was learned of a larger K is kept
+    assert list(costs.verify_s.values()) == sorted(costs.verify_s.values())
+
+
 def test_acceptance_estimator_counts_positions_fades_old_proposals_and_tracks_runs():
     config = GoodputConfig(prior_accept=0.5, prior_weight=1.0, decay=0.5, yield_ema=0.5)
     estimate = AcceptanceEstimator(3, config)
