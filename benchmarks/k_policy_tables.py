@@ -95,10 +95,11 @@ def uptime() -> str:
         return "load average: " + " ".join(open("/proc/loadavg").read().split()[:3])
 
 
-def bench_command(workload: Workload, policies: list[str], repeats: int, count: int, json_path: Path) -> list[str]:
+def bench_command(workload: Workload, policies: list[str], repeats: int, count: int, json_path: Path,
+                  batch_sizes: str = BATCH_SIZES) -> list[str]:
     """The ``spdflow bench`` command line for one workload (under ``nice -n -20``)."""
     modes = ",".join(["nospec", "fixed:all", *policies])
-    command = ["nice", "-n", "-20", sys.executable, "-m", "spdflow", "bench", workload.recipe, "--batch-sizes", BATCH_SIZES,
+    command = ["nice", "-n", "-20", sys.executable, "-m", "spdflow", "bench", workload.recipe, "--batch-sizes", batch_sizes,
                "--modes", modes, "--repeats", str(repeats), "--json", str(json_path), "--markdown",
                "--set", f"workload.count={count}", *workload.extra_args]
     for override in workload.overrides:
@@ -109,7 +110,7 @@ def bench_command(workload: Workload, policies: list[str], repeats: int, count: 
 def run_workload(workload: Workload, policies: list[str], args, out: Path) -> dict:
     """One bench; returns its record (command, load before/after, seconds, exit code)."""
     json_path = out / f"{workload.name}.json"
-    command = bench_command(workload, policies, args.repeats, args.count, json_path)
+    command = bench_command(workload, policies, args.repeats, args.count, json_path, args.batch_sizes)
     shown = [c if c != sys.executable else "python" for c in command]
     shown = [_relative(c) for c in shown]
     record = {"workload": workload.name, "command": " ".join(_quote(c) for c in shown), "uptime_before": uptime()}
@@ -288,6 +289,9 @@ def parse_args(argv=None):
     parser.add_argument("--policies", default="", help="K policies to run beside " + " and ".join(DEFAULT_POLICIES))
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per mode (interleaved; default 3)")
     parser.add_argument("--count", type=int, default=24, help="prompts per workload (default 24)")
+    parser.add_argument("--batch-sizes", default=BATCH_SIZES,
+                        help=f"comma-separated batch sizes of every bench (default {BATCH_SIZES}; e.g. 1,2,4 for the "
+                             "slow real-model workload)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "k_policy",
                         help="directory for the JSON, logs and tables.md")
     parser.add_argument("--render-only", action="store_true", help="no bench: the tables from --out's JSON")

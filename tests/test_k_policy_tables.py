@@ -39,6 +39,8 @@ def test_bench_command_runs_every_fixed_k_and_each_policy(tables):
     assert command[:3] == ["nice", "-n", "-20"]
     assert command[command.index("--modes") + 1] == "nospec,fixed:all,goodput,smallest_covering,guarded"
     assert command[command.index("--batch-sizes") + 1] == "1,2,4,8"
+    edit = tables.bench_command(tables.WORKLOADS["edit"], ["goodput"], 3, 8, Path("x.json"), "1,2,4")
+    assert edit[edit.index("--batch-sizes") + 1] == "1,2,4" and "recipes/smollm2_chat_varK.yaml" in edit
     assert "workload.builtin=stdlib_tests" in command and "workload.count=24" in command
     assert workload.section == tables.HELD_OUT and tables.WORKLOADS["code"].section == tables.TUNED
     import spdflow_workloads
