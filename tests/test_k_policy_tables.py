@@ -77,12 +77,24 @@ def test_render_splits_tuned_on_from_held_out_and_updates_the_readme(tables, tmp
     text = tables.render(tmp_path, ["code", "thirdparty"], ["goodput", "smallest_covering"], {})
     tuned, held = text.index("### Tuned on"), text.index("### Held out")
     assert tuned < text.index("#### code") < held < text.index("#### thirdparty")
-    assert "| code | 8 | 1 |" in text  # goodput misses at batch 8, smallest_covering at batch 1
+    # goodput misses at batch 8, smallest_covering at batch 1; no priced figures in these rows
+    assert "| code | 8 | — | 1 | — |" in text
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{tables.README_BEGIN}\nold\n{tables.README_END}\noutro\n")
     tables.update_readme(readme, text)
     updated = readme.read_text()
     assert "old" not in updated and updated.startswith("intro\n") and updated.endswith("outro\n") and "#### code" in updated
+
+
+def test_the_summary_gives_the_priced_verdict_beside_the_measured_one(tables, tmp_path):
+    # Measured, goodput reaches the line at batch 1 (0.975) and misses at 8; priced by the oracle's
+    # cost model it misses at batch 1 (regret -5 %) and reaches at 8 (-2 %).
+    rows = [dict(r, regret_vs_best_static=-0.05 if r["batch_size"] == 1 else -0.02) if r["mode"] == "varK:goodput"
+            else r for r in ROWS]
+    (tmp_path / "code.json").write_text(json.dumps(rows))
+    text = tables.render(tmp_path, ["code"], ["goodput", "smallest_covering"], {})
+    assert "| workload | goodput: below 0.97, measured | goodput: priced |" in text
+    assert "| code | 8 | 1 | 1 | — |" in text
 
 
 def test_unknown_workload_or_policy_exits_2_before_any_bench(tables, capsys, tmp_path):
