@@ -665,6 +665,7 @@ class RunState:
     lossless: dict[str, Any] | None = None
     baseline: dict[str, Any] | None = None  # the no-spec baseline's metrics, when it ran in this process
     outputs: list[dict] = field(default_factory=list)
+    oracle: dict[str, Any] | None = None  # the oracle section of the report (spdflow.oracle.run_oracle)
 
 
 # --------------------------------------------------------------------------------------------

@@ -647,7 +647,7 @@ class TraceOracle:
         return {"oracle": self.label, "oracle_exact": self.found.exact, "beam_width": self.width,
                 "oracle_tokens_per_s": self.oracle_tokens_per_s, "oracle_steps": self.found.steps,
                 "oracle_k_usage": {str(k): v for k, v in usage(self.found.schedule).items()},
-                "nospec_priced_tokens_per_s": self.tokens_per_s(self.static_s[0]),
+                "nospec_priced_tokens_per_s": self.tokens_per_s(self.static_s[0]) if 0 in self.static_s else None,
                 "fixed_priced_tokens_per_s": {str(k): self.tokens_per_s(s) for k, s in self.static_s.items() if k},
                 "best_static": "no-spec" if k == 0 else f"fixed K={k}", "best_static_tokens_per_s": static,
                 "cost": self.cost.describe(), "oracle_seconds": self.seconds}
@@ -655,13 +655,14 @@ class TraceOracle:
 
 def trace_oracle(pm, engine, info, requests, outputs: dict, ks: Sequence[int], rows: int, continuous: bool,
                  traces: Sequence[Sequence[dict]], cost: CostModel, width: int = DEFAULT_WIDTH) -> TraceOracle:
-    """The oracle of a greedy workload whose tokens are ``outputs``, priced like its recorded
-    ``traces`` (one or more generations at batch ``rows``): verify runs by ``cost``, and per
+    """The oracle of a greedy workload whose tokens are ``outputs`` over the K-list ``ks`` (no-spec
+    among the static choices only when it holds 0), priced like its recorded ``traces`` (one or
+    more generations at batch ``rows``): verify runs by ``cost``, and per
     step the traces' mean host time, plus their mean proposer time per drafting step at K > 0
     (an oracle step at K = 0 drafts nothing); the time outside the steps (prefills) is the
     traces' median. ``engine`` makes the proposer (:func:`lengths_for`)."""
     started = time.perf_counter()
-    ks = sorted(set(ks) | {0})
+    ks = sorted(set(ks))
     lengths, _, _ = lengths_for(pm, engine, info, requests, outputs, ks)
     steps = [s for records in traces for s in _steps(records)]
     host = statistics.fmean(float(s.get("host_s", 0.0)) for s in steps) if steps else 0.0
@@ -674,3 +675,36 @@ def trace_oracle(pm, engine, info, requests, outputs: dict, ks: Sequence[int], r
     static = {k: fixed_time(ms, ns, rows, continuous, k, prices, ks).seconds for k in ks}
     outside = statistics.median(outside_s(records) for records in traces) if traces else 0.0
     return TraceOracle(rows, sum(ns), outside, cost, found, static, width, time.perf_counter() - started)
+
+
+def run_oracle(engine, info, requests, outputs: dict, records: list[dict], config, grid, speculated: bool) -> dict:
+    """The run report's oracle section (:class:`spdflow.report.model.OracleSection`) for a
+    finished generation: computed from the run's own trace, outputs and timed grid, or why
+    not. Never raises: a report must not fail over it."""
+    recipe = engine.recipe
+    temperature = config.sampling.temperature
+    if temperature != 0:
+        return {"computed": False, "reason": f"sampled run (temperature {temperature}): its token path depends on the K "
+                                             "schedule, so there is no best schedule in hindsight"}
+    if recipe.proposer is None or not speculated:
+        return {"computed": False, "reason": "no proposer ran: every step verified K = 0"}
+    needs = getattr(engine.pm.lookup("proposer", recipe.proposer.uses).factory, "target_outputs", ()) or ()
+    if needs:
+        return {"computed": False, "reason": f"proposer '{recipe.proposer.uses}' drafts from the target's "
+                                             f"{' and '.join(needs)}, which the run does not record"}
+    rows = config.full_batch_size or config.batch_size
+    try:
+        cost = MeasuredSteps(rows, [records], grid)
+        oracle = trace_oracle(engine.pm, engine, info, requests, outputs, config.k_list, rows,
+                              config.full_batch_size is not None, [records], cost)
+    except Exception as exc:  # e.g. a K with no step cost
+        return {"computed": False, "reason": f"not computed: {exc}"}
+    mine = oracle.against(records)
+    k, static = oracle.best_static
+    return {"computed": True, "label": oracle.label, "exact": oracle.found.exact, "beam_width": oracle.width,
+            "batch_size": rows, "oracle_tokens_per_s": oracle.oracle_tokens_per_s, "oracle_steps": oracle.found.steps,
+            "oracle_k_usage": usage(oracle.found.schedule), **mine,
+            "best_static": "no-spec" if k == 0 else f"fixed K={k}", "best_static_tokens_per_s": static,
+            "nospec_priced_tokens_per_s": oracle.tokens_per_s(oracle.static_s[0]) if 0 in oracle.static_s else None,
+            "fixed_priced_tokens_per_s": {k: oracle.tokens_per_s(s) for k, s in oracle.static_s.items() if k},
+            "cost": cost.describe(), "seconds": round(oracle.seconds, 3)}

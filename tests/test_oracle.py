@@ -296,3 +296,53 @@ def test_measured_steps_takes_trace_means_and_scales_the_grid_for_the_rest():
     assert cost.describe()["sources"] == {"0": "mean of 10 steps", "4": "grid × 1.400", "7": "grid × 1.400"}
     with pytest.raises(Exception, match="K = 2"):
         cost.verify_s(2, 2)
+
+
+# ------------------------------------------------------------------------------ the run report
+
+
+def test_the_run_report_has_the_oracle_of_a_greedy_run(greedy_run):
+    from spdflow.report.model import load_report
+
+    report = load_report(greedy_run / "report.json")
+    o = report.oracle
+    assert o is not None and o.computed, o
+    assert o.batch_size == 1 and o.exact and o.label == "oracle" and o.seconds >= 0
+    static = [o.nospec_priced_tokens_per_s, *o.fixed_priced_tokens_per_s.values()]
+    assert set(o.fixed_priced_tokens_per_s) == {2, 4, 7}
+    assert o.oracle_tokens_per_s >= max(static) * (1 - 1e-9)
+    assert o.best_static_tokens_per_s == pytest.approx(max(static))
+    assert o.policy_efficiency == pytest.approx(o.policy_priced_tokens_per_s / o.oracle_tokens_per_s)
+    assert o.policy_efficiency <= 1 + 1e-9  # exact at batch 1
+    assert o.regret_vs_best_static == pytest.approx(o.policy_priced_tokens_per_s / max(static) - 1)
+    assert sum(o.oracle_k_usage.values()) == o.oracle_steps
+    assert set(o.cost["verify_ms"]) == {"0", "2", "4", "7"}
+    # the oracle's own time is outside the trace: the run's tokens/s is its generation's
+    from spdflow.report.metrics import compute_metrics, read_trace
+
+    assert report.metrics.e2e_tokens_per_s == pytest.approx(compute_metrics(read_trace(greedy_run / "trace.jsonl"))
+                                                            .e2e_tokens_per_s)
+    text = (greedy_run / "report.md").read_text()
+    assert "## Oracle" in text and "policy efficiency" in text and "| this run's policy |" in text
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"workload": {"temperature": 0.8, "seed": 3}}, "sampled run"),
+    ({"proposer": None, "num_speculative_tokens": [0]}, "no proposer ran"),
+])
+def test_the_run_report_says_why_there_is_no_oracle(tmp_path, change, reason):
+    from spdflow.report.model import load_report
+
+    recipe = tiny_recipe("spdflow:tinycode-target", tmp_path / "run", name="no-oracle", prompts=CODE_PROMPTS[:1],
+                         max_new_tokens=8, proposer={"uses": "prompt_lookup"}, k_list=(0, 4))
+    for key, value in change.items():
+        if value is None:
+            recipe.pop(key)
+        elif isinstance(value, list):
+            recipe[key] = value
+        else:
+            recipe[key] = {**recipe[key], **value}
+    run_in_process(get_plugin_manager(), write_recipe(tmp_path / "recipe.yaml", recipe), check_lossless=False)
+    o = load_report(tmp_path / "run" / "report.json").oracle
+    assert o is not None and not o.computed and reason in o.reason
+    assert f"Not computed: {reason}" in (tmp_path / "run" / "report.md").read_text()

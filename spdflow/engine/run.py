@@ -516,7 +516,7 @@ class Engine:
                 results = generator.generate(requests)
             if proposer is not None:
                 proposer.close()
-            record_cost_grid(self.pm, session, config, self.run_dir, recipe.devices.backend)
+            grid = record_cost_grid(self.pm, session, config, self.run_dir, recipe.devices.backend)
             self.state.outputs = [
                 {"request": r.index, "prompt": requests[r.index].prompt, "output": tokenizer.decode(r.tokens.tolist()),
                  "prompt_tokens": requests[r.index].prompt_ids.tolist(), "tokens": r.tokens.tolist(),
@@ -540,6 +540,14 @@ class Engine:
             raise
         tokens = sum(len(o["tokens"]) for o in self.state.outputs)
         self._end(stage, start, "ran", f"{len(requests)} requests, {tokens} tokens")
+        # after the stage and outside the trace: the oracle's time is in no figure of the run
+        from spdflow.oracle import run_oracle
+
+        try:
+            self.state.oracle = run_oracle(self, info, requests, {r.index: r.tokens for r in results}, records,
+                                           config, grid, proposer is not None)
+        except Exception as exc:  # the report says why; the run's own result stands
+            self.state.oracle = {"computed": False, "reason": f"not computed: {type(exc).__name__}: {exc}"}
 
     def check_lossless(self) -> None:
         """A greedy run whose tokens differ from the no-spec baseline fails (its own exit code).
@@ -726,15 +734,16 @@ def remove_previous_report(run_dir: Path) -> None:
             pass
 
 
-def record_cost_grid(pm, session, config, run_dir: Path, backend: str) -> None:
+def record_cost_grid(pm, session, config, run_dir: Path, backend: str):
     """Time the run's compiled decode shapes at its batch size and store them with the run
-    (``cost_grid.json``, read by the ``measured`` what-if cost model)."""
+    (``cost_grid.json``, read by the ``measured`` what-if cost model); returns the entry."""
     from spdflow.costs import measure_grid, write_grid
 
     rows = config.full_batch_size or config.batch_size
     entry = measure_grid(pm, session, rows, config.k_list, config.pad_token_id, config.prefill_seq_len,
                          config.full_batch_size is not None)
     write_grid(run_dir, {rows: entry}, backend)
+    return entry
 
 
 def baseline_summary(records: list[dict]) -> dict[str, Any]:

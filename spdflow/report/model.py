@@ -106,6 +106,34 @@ class TimedCosts(_Model):
     switch_s: float | None = Field(None, description="Extra seconds of the first run after a change of K.")
 
 
+class OracleSection(_Model):
+    """The oracle of a greedy run with a proposer (``spdflow.oracle``): the fastest K schedule
+    knowing what every K would accept at every step, the run's policy and the static choices,
+    all priced by the run's own measured step costs, computed after generation."""
+
+    computed: bool = Field(description="False when there is no oracle for this run (see reason).")
+    reason: str = Field("", description="Why it was not computed (sampled run, no proposer, cost unavailable, ...).")
+    label: str | None = Field(None, description="'oracle', or 'oracle (best found, beam W)' when the search did not "
+                              "prove it best (a lower bound on the best possible speed).")
+    exact: bool | None = Field(None, description="True when the schedule is proven the fastest.")
+    beam_width: int | None = Field(None, description="States the search keeps per step beyond which it is a beam.")
+    batch_size: int | None = Field(None, description="Rows per step (the run's).")
+    oracle_tokens_per_s: float | None = Field(None, description="The oracle's tokens/s, priced, prefill included.")
+    oracle_steps: int | None = Field(None, description="Decode steps of the oracle schedule.")
+    oracle_k_usage: dict[int, int] = Field(default_factory=dict, description="K -> oracle steps at that K.")
+    policy_priced_tokens_per_s: float | None = Field(None, description="This run's own steps priced alike.")
+    policy_efficiency: float | None = Field(None, description="policy_priced_tokens_per_s ÷ oracle_tokens_per_s.")
+    regret_vs_best_static: float | None = Field(None, description="policy ÷ max(no-spec, best fixed K), priced, − 1.")
+    best_static: str | None = Field(None, description="The fastest static choice, priced: 'no-spec' or 'fixed K=k'.")
+    best_static_tokens_per_s: float | None = Field(None, description="Its priced tokens/s.")
+    nospec_priced_tokens_per_s: float | None = Field(None, description="K = 0 every step, priced (null: K = 0 not "
+                                                     "compiled).")
+    fixed_priced_tokens_per_s: dict[int, float] = Field(default_factory=dict, description="K -> K every step, priced.")
+    cost: dict[str, Any] = Field(default_factory=dict, description="The step costs used and where each comes from.")
+    seconds: float | None = Field(None, description="What computing it took, after generation (not in the run's "
+                                  "tokens/s).")
+
+
 class ErrorRecord(_Model):
     """Why a run failed or stopped."""
 
@@ -138,6 +166,8 @@ class RunReport(_Model):
     timed_costs: list[TimedCosts] = Field(
         default_factory=list, description="Every compiled K timed after generation (from cost_grid.json), per batch."
     )
+    oracle: OracleSection | None = Field(None, description="The oracle and the policy's efficiency and regret, for a "
+                                         "finished generation (computed, or why not).")
     peak_rss_mb: float | None = Field(None, description="Peak resident memory of the run process (MiB).")
     error: ErrorRecord | None = Field(None, description="Set when status is failed or interrupted.")
     started_at: str = Field(description="Start time, ISO 8601 with time zone.")

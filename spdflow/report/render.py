@@ -296,6 +296,42 @@ def _speculation(m: Metrics) -> Section:
     return Section("Speculation", lines, ["K", "decode steps", "share"], rows)
 
 
+def _oracle(report: RunReport) -> Section:
+    """The oracle beside this run's policy and the static choices, all priced alike."""
+    o = report.oracle
+    if not o.computed:
+        return Section("Oracle", [f"Not computed: {o.reason}."])
+    m = report.metrics
+    steps = o.oracle_steps or 0
+    usage = " · ".join(f"K{k}: {fmt_pct(n / steps)}" for k, n in sorted(o.oracle_k_usage.items())) if steps else "—"
+    lines = [
+        f"{o.label} at batch {o.batch_size}: {fmt_num(o.oracle_tokens_per_s, 1)} tokens/s priced, {steps} steps "
+        f"({usage}). This run's steps priced alike: {fmt_num(o.policy_priced_tokens_per_s, 1)} tokens/s "
+        f"(measured {fmt_num(m.e2e_tokens_per_s if m else None, 1)}): policy efficiency "
+        f"{fmt_num(o.policy_efficiency, 3)}, regret {_signed_pct(o.regret_vs_best_static)} against the best static "
+        f"choice ({o.best_static}, {fmt_num(o.best_static_tokens_per_s, 1)} tokens/s priced).",
+        "Priced by this run's measured step costs: verify time per K "
+        + ", ".join(f"K{k} {v} ms ({(o.cost.get('sources') or {}).get(k, '?')})"
+                    for k, v in (o.cost.get("verify_ms") or {}).items())
+        + f", switch {o.cost.get('switch_ms', '—')} ms; host and proposer time per step the run's own. Computed after "
+        f"generation in {fmt_s(o.seconds)}, outside the run's tokens/s.",
+    ]
+    if not o.exact:
+        lines.append(f"The search kept {o.beam_width} states per step and did not prove this schedule the fastest: "
+                     "it is the best found, a lower bound on the best possible speed, so efficiency may exceed 1.")
+    rows = [[o.label, fmt_num(o.oracle_tokens_per_s, 1), "1.000"],
+            ["this run's policy", fmt_num(o.policy_priced_tokens_per_s, 1), fmt_num(o.policy_efficiency, 3)]]
+    statics = ([("no-spec", o.nospec_priced_tokens_per_s)] if o.nospec_priced_tokens_per_s is not None else [])
+    statics += [(f"fixed K={k}", v) for k, v in sorted(o.fixed_priced_tokens_per_s.items())]
+    rows += [[name, fmt_num(v, 1), fmt_num(v / o.oracle_tokens_per_s, 3) if o.oracle_tokens_per_s else "—"]
+             for name, v in statics]
+    return Section("Oracle", lines, ["schedule", "tokens/s (priced)", "vs oracle"], rows)
+
+
+def _signed_pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:+.1f}%"
+
+
 def _per_request(m: Metrics) -> Section:
     rows = [
         [str(r.request), str(r.steps), str(r.proposed), str(r.accepted), fmt_pct(r.acceptance_rate), fmt_num(r.acceptance_length)]
@@ -350,6 +386,8 @@ def build_sections(report: RunReport) -> list[Section]:
         sections.append(_what_ran(report))
     if m is not None:
         sections += [_headline(m, report), _speculation(m)]
+        if report.oracle is not None:
+            sections.append(_oracle(report))
         if m.step_costs:
             sections.append(_step_costs(m, report))
         sections.append(_time_split(m))
