@@ -219,11 +219,21 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
         calls_to_propose.append([item.k_max for item in inputs])
         return original(self, inputs)
 
+    import spdflow.oracle
+
+    run_oracle = spdflow.oracle.run_oracle
+
+    def after_generation(*args, **kwargs):  # the oracle's own proposer pass is not the generation's
+        synthetic.SyntheticProposer.propose = original
+        return run_oracle(*args, **kwargs)
+
     synthetic.SyntheticProposer.propose = spy
+    spdflow.oracle.run_oracle = after_generation
     try:
         state = run(pm, path, check_lossless=True)
     finally:
         synthetic.SyntheticProposer.propose = original
+        spdflow.oracle.run_oracle = run_oracle
     assert state.lossless["identical"]
     kinds = [c[0] for c in policy.calls]
     assert kinds[0] == "start" and policy.calls[0][1] == [0, 4] and set(policy.calls[0][3]) == {0, 4}
