@@ -589,17 +589,19 @@ def outside_s(records: Sequence[dict]) -> float:
     return max(0.0, m.wall_s - inside)
 
 
-def priced_decode_s(records: Sequence[dict], cost: CostModel, batch: int) -> float:
-    """The decode time of a recorded generation with its verify runs priced by ``cost`` (a
-    switch when K changed or a prefill came between) and its own host and proposer time."""
+def priced_decode_s(records: Sequence[dict], prices: StepPrices) -> float:
+    """The decode time of a recorded generation's K schedule, each step priced by ``prices`` (the
+    oracle's: verify, host and proposer time per step at K, and a switch when K changed or a
+    prefill came between). The run's own host and proposer times are not used: priced alike, no
+    schedule can beat the oracle's by luck of timing (a policy's own overhead is in its measured
+    tokens/s)."""
     total, previous = 0.0, AFTER_PREFILL
     for r in records:
         if r.get("kind") == "prefill":
             previous = AFTER_PREFILL
         elif r.get("kind") == "step":
             k = int(r["k"])
-            total += cost.verify_s(batch, k) + (cost.switch_s(batch) if k != previous else 0.0)
-            total += float(r.get("host_s", 0.0)) + float(r.get("propose_s", 0.0))
+            total += prices.step[k] + (prices.switch if k != previous else 0.0)
             previous = k
     return total
 
@@ -617,6 +619,7 @@ class TraceOracle:
     static_s: dict[int, float]  # decode seconds of K = k at every step (0: no-spec)
     width: int
     seconds: float  # what computing it took (match lengths + search), not part of any run's time
+    prices: StepPrices  # what every schedule's steps are priced at (the oracle's, the static ones', a policy's)
 
     @property
     def label(self) -> str:
@@ -637,7 +640,7 @@ class TraceOracle:
 
     def against(self, records: Sequence[dict]) -> dict:
         """The oracle figures for one recorded run of a policy (same workload and batch size)."""
-        policy = self.tokens_per_s(priced_decode_s(records, self.cost, self.batch_size))
+        policy = self.tokens_per_s(priced_decode_s(records, self.prices))
         k, static = self.best_static
         return {"policy_priced_tokens_per_s": policy, "policy_efficiency": policy / self.oracle_tokens_per_s,
                 "regret_vs_best_static": policy / static - 1}
@@ -674,7 +677,7 @@ def trace_oracle(pm, engine, info, requests, outputs: dict, ks: Sequence[int], r
     found = batch_schedule(ms, ns, rows, continuous, ks, prices, width)
     static = {k: fixed_time(ms, ns, rows, continuous, k, prices, ks).seconds for k in ks}
     outside = statistics.median(outside_s(records) for records in traces) if traces else 0.0
-    return TraceOracle(rows, sum(ns), outside, cost, found, static, width, time.perf_counter() - started)
+    return TraceOracle(rows, sum(ns), outside, cost, found, static, width, time.perf_counter() - started, prices)
 
 
 def run_oracle(engine, info, requests, outputs: dict, records: list[dict], config, grid, speculated: bool) -> dict:

@@ -346,3 +346,15 @@ def test_the_run_report_says_why_there_is_no_oracle(tmp_path, change, reason):
     o = load_report(tmp_path / "run" / "report.json").oracle
     assert o is not None and not o.computed and reason in o.reason
     assert f"Not computed: {reason}" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_recorded_schedule_is_priced_like_an_oracle_step_not_by_its_own_timings():
+    from spdflow.oracle import AFTER_PREFILL, StepPrices, priced_decode_s
+
+    prices = StepPrices({0: 1.0, 2: 1.5, 4: 2.0}, switch=0.25)
+    steps = [{"kind": "prefill"}] + [{"kind": "step", "k": k, "verify_s": 9.0, "host_s": host, "propose_s": host}
+                                     for k, host in [(2, 0.0), (2, 5.0), (0, 0.0), (4, 0.0)]]
+    # 1.5 + switch (after the prefill), 1.5, 1.0 + switch, 2.0 + switch: the run's own verify,
+    # host and proposer times (a lucky quiet moment, or a slow one) do not enter
+    assert priced_decode_s(steps, prices) == pytest.approx(1.5 + 1.5 + 1.0 + 2.0 + 3 * 0.25)
+    assert AFTER_PREFILL not in prices.step

@@ -313,7 +313,8 @@ def _oracle(report: RunReport) -> Section:
         "Priced by this run's measured step costs: verify time per K "
         + ", ".join(f"K{k} {v} ms ({(o.cost.get('sources') or {}).get(k, '?')})"
                     for k, v in (o.cost.get("verify_ms") or {}).items())
-        + f", switch {o.cost.get('switch_ms', '—')} ms; host and proposer time per step the run's own. Computed after "
+        + f", switch {o.cost.get('switch_ms', '—')} ms; host and proposer time per step the run's mean, alike for "
+        "every schedule (the policy's own overhead is in its measured tokens/s). Computed after "
         f"generation in {fmt_s(o.seconds)}, outside the run's tokens/s.",
     ]
     if not o.exact:
