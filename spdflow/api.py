@@ -447,12 +447,15 @@ class StepContext:
     ``proposal_counts``. ``waiting`` is the number of requests queued for a free slot, which
     only continuous batching has (a static batch admits its next group once all its rows are
     done, so its ``waiting`` is always 0): with none waiting, the batch ends when its last row
-    does, so rows far ahead matter less.
+    does, so rows far ahead matter less. ``requests[i]`` is the workload index of the request
+    on active row i, so a policy can follow a request from step to step (same order as
+    ``tokens_left``, the step's ``proposal_counts`` and its outcome's ``proposed``/``accepted``).
     """
 
     tokens_left: tuple[int, ...]
     waiting: int
     rows: int
+    requests: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -482,6 +485,8 @@ class StepOutcome:
     propose_s: float
     host_s: float
     scored: tuple[tuple[int, int], ...] = ()
+    #: the request (workload index) each ``scored`` pair belongs to, in the same order
+    scored_requests: tuple[int, ...] = ()
 
 
 class PolicyServices:

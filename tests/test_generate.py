@@ -246,7 +246,11 @@ def test_the_engine_drives_the_k_policy_lifecycle(pm, tmp_path, models, out_root
     assert asked // 2 <= len(calls_to_propose) <= asked
     budget = next(c for c in policy.calls if c[0] == "budget")[2]
     # a static batch admits the next group only when all its rows are done: nothing waits for a slot
-    assert budget.waiting == 0 and budget.rows == 1 and budget.tokens_left == (19,)
+    assert budget.waiting == 0 and budget.rows == 1 and budget.tokens_left == (19,) and budget.requests == (0,)
+    # each step names the request on each row, in the order of tokens_left
+    contexts = [c[2] for c in policy.calls if c[0] == "budget"]
+    assert all(len(c.requests) == len(c.tokens_left) for c in contexts)
+    assert sorted({c.requests for c in contexts}) == [(i,) for i in range(len(PROMPTS))]
     observed = [c[1] for c in policy.calls if c[0] == "observe"]
     assert {o.k for o in observed} == {0, 4}
     assert all(o.verify_s > 0 and len(o.proposed) == len(o.accepted) == 1 for o in observed)
@@ -274,6 +278,7 @@ class Scoring(Recording):
     def __init__(self):
         super().__init__()
         self.scored = []
+        self.scored_by = []  # (request, (checked, matched))
         self.turn = 0
 
     def start(self, compiled_ks, rows, services):
@@ -287,7 +292,9 @@ class Scoring(Recording):
         return 2 if any(proposal_counts) and self.turn % 2 else 0
 
     def observe(self, outcome):
+        assert len(outcome.scored_requests) == len(outcome.scored)
         self.scored.extend(outcome.scored)
+        self.scored_by.extend(zip(outcome.scored_requests, outcome.scored))
 
 
 def test_every_proposal_is_scored_against_the_tokens_that_follow_it(pm, tmp_path, models, out_root):
@@ -341,7 +348,7 @@ def test_every_proposal_is_scored_against_the_tokens_that_follow_it(pm, tmp_path
             setattr(cls, name, fn)
         spdflow.oracle.run_oracle = run_oracle
     assert state.lossless["identical"]
-    expected = []
+    expected, expected_by = [], []
     for index, start, tokens in proposals:
         sequence = final[index]
         seen = min(len(tokens), len(sequence) - start)
@@ -352,8 +359,13 @@ def test_every_proposal_is_scored_against_the_tokens_that_follow_it(pm, tmp_path
             expected.append((matched + 1, matched))
         elif matched:
             expected.append((matched, matched))
-    # Cut (K=2 of up to 4) and unverified (K=0) proposals are scored as fully as verified ones.
+        else:
+            continue
+        expected_by.append((index, expected[-1]))
+    # Cut (K=2 of up to 4) and unverified (K=0) proposals are scored as fully as verified ones,
+    # each named with the request that made it.
     assert sorted(policy.scored) == sorted(expected)
+    assert sorted(policy.scored_by) == sorted(expected_by) and len({i for i, _ in expected_by}) > 1
     assert any(checked > 2 for checked, _ in policy.scored)  # beyond what K=2 verified
     assert {matched for _, matched in policy.scored} >= {0, 1, 2}
 

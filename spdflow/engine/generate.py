@@ -385,13 +385,16 @@ class Generator:
         n_accepted = tuple(len(tokens) - 1 for tokens in accepted)
         trace_rows = []
         scored: list[tuple[int, int]] = []
+        scored_by: list[int] = []
         hidden = self._hidden_states() if "hidden_states" in self._wants else None
         for live, tokens, raw, n_prop, n_acc, position in zip(active, accepted, counts, proposed, n_accepted, positions):
             if self._wants:
                 self._tell_outputs(live, len(tokens), heads, hidden)
             emitted = self._append(live, tokens, slots, results)
             if live.shadows:
+                before = len(scored)
                 self._score(live, slots[live.slot] is not live, scored)
+                scored_by += [live.request.index] * (len(scored) - before)
             trace_rows.append({"request": live.request.index, "slot": live.slot, "position": position, "raw": raw,
                                "proposed": n_prop, "accepted": n_acc, "emitted": emitted})
         self.step_count += 1
@@ -399,7 +402,7 @@ class Generator:
         host_s = max(0.0, end - step_start - propose_s - verify_s)
         if self._policy_runs:
             self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s,
-                                                     tuple(scored)))
+                                                     tuple(scored), tuple(scored_by)))
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
                     "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
 
@@ -450,7 +453,8 @@ class Generator:
         """The K policy's proposal budget for this step, within 0..max K."""
         if not self._policy_runs or self.max_k == 0:
             return self.max_k
-        step = StepContext(tuple(live.request.max_new_tokens - live.generated for live in active), waiting, self.rows)
+        step = StepContext(tuple(live.request.max_new_tokens - live.generated for live in active), waiting, self.rows,
+                           tuple(live.request.index for live in active))
         budget = self._call_policy("propose_budget", self.max_k, step)
         if not isinstance(budget, int) or not 0 <= budget <= self.max_k:
             raise PluginError(f"the K policy's propose_budget returned {budget!r}; "
