@@ -5,8 +5,8 @@
   first step after a change of K (the switch penalty), and the proposer's time per call.
 * :class:`AcceptanceEstimator` — what proposals are worth: per-position acceptance from scored
   proposals (every proposal compared with the tokens its request went on to generate, so a
-  proposal cut to a smaller K or not verified at all still counts), how often rows return a
-  proposal, and how long runs of steps with proposals last.
+  proposal cut to a smaller K or not verified at all still counts), pooled and per request, how
+  often rows return a proposal, and how long runs of steps with proposals last.
 * :class:`Goodput` — the decision rule: each step, the compiled K with the most expected tokens
   per second; whether to call the proposer at all; when to peek at it while skipping.
 
@@ -38,8 +38,9 @@ class GoodputConfig(BaseModel):
     peek_min: int = Field(4, ge=1, description="Fewest steps between peeks.")
     peek_max: int = Field(256, ge=1, description="Most steps between peeks.")
     horizon: float = Field(8.0, gt=0.0, description="Tokens-left scale of the row weights exp(-(most - left) / horizon).")
-    margin: float = Field(0.1, ge=0.0, description="How much better than K = 0 a K must be to leave K = 0.")
-    evidence: int = Field(8, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
+    margin: float = Field(0.03, ge=0.0, description="How much better than K = 0 a K must be to leave K = 0.")
+    evidence: int = Field(32, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
+    row_weight: float = Field(2.0, ge=0.0, description="Pseudo-trials at the pooled acceptance behind each request's own scored proposals, per position (large: pooled only).")
     reprice_every: int = Field(8, ge=1, description="Steps between re-pricings of the proposer budget (whether to propose, and how much) once the estimate is settled.")
 
 
@@ -138,18 +139,66 @@ class AcceptanceEstimator:
         self.follows = [0.0, 0.0]
         self._had_some = False  # the last step ran the proposer and some row proposed
         self._extra: list[float] | None = None
+        self._rates: list[float] = []
+        self.by_request: dict[int, tuple[list[int], list[int]]] = {}  # request -> (tries, hits) per position
+        self._row_key: tuple = ()
+        self._row_cache: list[list[float]] | None = None
 
     def expected_extra(self) -> list[float]:
         """``extra[n]``: expected accepted proposals of a row that proposes n tokens (cached)."""
         if self._extra is None:
             prior, weight = self.config.prior_accept, self.config.prior_weight
-            extra, run, previous = [0.0], 1.0, prior
+            rates, previous = [1.0], prior
             for j in range(1, len(self.tries)):
                 previous = (self.hits[j] + weight * previous) / (self.tries[j] + weight)
-                run *= previous
-                extra.append(extra[-1] + run)
-            self._extra = extra
+                rates.append(previous)
+            self._rates, self._extra = rates, _running_extra(rates)
+            self._row_cache = None
         return self._extra
+
+    def row_extras(self, requests: Sequence[int | None]) -> list[list[float]]:
+        """``extra[n]`` of each row of a batch, from each request's own scored proposals.
+
+        Per position, a request's rate is its own hits and tries behind ``row_weight``
+        pseudo-trials at the pooled rate (a request with no scored proposal, or ``None``, gets
+        the pooled estimate). Requests differ: over 16 code prompts the share of proposals whose
+        first token held ranged 0.27-0.94 between requests, and in a static batch the slowest
+        request sets the batch's length. Cached until an estimate changes.
+        """
+        pooled_extra = self.expected_extra()  # (a new pooled estimate drops the cache)
+        key = tuple(requests)
+        if self._row_key == key and self._row_cache is not None:
+            return self._row_cache
+        pooled, weight = self._rates, self.config.row_weight
+        extras = []
+        for request in requests:
+            seen = self.by_request.get(request) if request is not None else None
+            if seen is None:
+                extras.append(pooled_extra)
+                continue
+            tries, hits = seen
+            extras.append(_running_extra([1.0] + [(hits[j] + weight * rate) / (tries[j] + weight)
+                                                  for j, rate in enumerate(pooled) if j]))
+        self._row_key, self._row_cache = key, extras
+        return extras
+
+    def observe_rows(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> None:
+        """Each request's scored proposals (``requests[i]`` made ``scored[i]``)."""
+        for request, (checked, matched) in zip(requests, scored):
+            seen = self.by_request.get(request)
+            if seen is None:
+                seen = self.by_request[request] = ([0] * len(self.tries), [0] * len(self.tries))
+            tries, hits = seen
+            for j in range(1, checked + 1):
+                tries[j] += 1
+            for j in range(1, matched + 1):
+                hits[j] += 1
+            self._row_cache = None
+
+    def keep_requests(self, requests: Sequence[int]) -> None:
+        """Forget the requests that left the batch."""
+        for request in [r for r in self.by_request if r not in requests]:
+            del self.by_request[request]
 
     def settled(self) -> bool:
         """Enough evidence to act on: ``evidence`` scored proposals or 4x as many proposer calls
@@ -189,7 +238,16 @@ class AcceptanceEstimator:
                 tries[j] += 1.0
             for j in range(1, matched + 1):
                 hits[j] += 1.0
-        self.tries, self.hits, self._extra = tries, hits, None
+        self.tries, self.hits, self._extra, self._row_cache = tries, hits, None, None
+
+
+def _running_extra(rates: Sequence[float]) -> list[float]:
+    """``extra[n]`` from conditional acceptance per position (index 0 unused)."""
+    extra, run = [0.0], 1.0
+    for rate in rates[1:]:
+        run *= rate
+        extra.append(extra[-1] + run)
+    return extra
 
 
 # ------------------------------------------------------------------------------ decision rule
@@ -200,29 +258,35 @@ class Goodput(KPolicy):
 
     A row with n proposals is worth ``1 + extra[min(n, K)]`` tokens (:class:`AcceptanceEstimator`);
     a step costs :meth:`StepCostModel.step_cost`. The rule picks ``argmax_K tokens(K) / cost(K)``,
-    ties to the smaller K, truncating proposals longer than K. Three refinements, each tested in
+    ties to the smaller K, truncating proposals longer than K. Four refinements, each tested in
     tests/plugins/test_k_policy.py and each kept for a measurement in benchmarks/README.md (the
     section named in brackets):
 
+    * Requests apart: each row is priced at its own request's acceptance
+      (:meth:`AcceptanceEstimator.row_extras`), except that the batch-1 proposer budget reads the
+      pooled estimate. [K policy tables, "Issue 23, round 2": the pooled estimate alone missed
+      the line by 6-13 % at batch 8 on prompt lookup.]
     * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
       leave and again to come back, shared over the steps a run of proposals is expected to
-      last (``1 / (1 - run_on)``); a step without proposals stays at its K or takes the smallest
-      (:meth:`StepCostModel.detour_cost`). Leaving K = 0 must win by ``margin``. [Switching
-      shapes costs a step's worth of time; the run_on share: What limits the misses, "a bad
-      start could trap it in skipping".]
+      last (``1 / (1 - run_on)``); a change between two speculating shapes pays it once; a step
+      without proposals stays at its K or takes the smallest (:meth:`StepCostModel.detour_cost`),
+      and takes the smallest while the proposer is skipped. Leaving K = 0 must win by
+      ``margin``. [Switching shapes costs a step's worth of time; "Issue 23, round 2".]
     * Static batches: when no request waits for a slot a batch ends with its last row, so a
       row's tokens weigh ``exp(-(most - left) / horizon)``. [What limits the misses, "Static
       batches end with idle rows": 0.82x no-spec against fixed's 0.64x at batch 8.]
     * Skipping the proposer: before it runs, ``propose_budget`` asks whether full-length
       proposals from the rows that usually propose, paying the proposer too, beat K = 0; once
-      the estimate is settled, if not, the proposer is skipped, except for a peek every
-      ``peek_every`` steps (about ``peek_share`` of the run) that keeps the estimate current.
-      [The draft-model table: varK within 2 % of no-spec where fixed K loses 44-46 %; skipping waits
-      for ``evidence``: "a bad start could trap it in skipping"; peek cost: "Policy and proposer
-      cost at sub-millisecond steps".]
+      the estimate is settled (``evidence``), if not, the proposer is skipped, except for a
+      peek every ``peek_every`` steps (about ``peek_share`` of the run) that keeps the estimate
+      current. [The draft-model table: varK within 2 % of no-spec where fixed K loses 44-46 %;
+      skipping waits for ``evidence``: "a bad start could trap it in skipping"; peek cost:
+      "Policy and proposer cost at sub-millisecond steps".]
 
-    The tunables' values (priors, moving-average steps, peek bounds) were not swept by any
-    benchmark; they are ``with:`` fields so that a recipe can.
+    ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
+    (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); the other
+    tunables (priors, moving-average steps, peek bounds) were not swept. All are ``with:``
+    fields so that a recipe can.
     """
 
     name = "goodput"
@@ -248,6 +312,7 @@ class Goodput(KPolicy):
         self.since_peek = 0
         self.peek_every = config.peek_min
         self.left: tuple[int, ...] = ()  # tokens left per row, from the last propose_budget
+        self.requests: tuple[int, ...] = ()  # the request on each row, from the last propose_budget
         self.waiting = 0
         self.weights: list[float] | None = None
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
@@ -267,7 +332,11 @@ class Goodput(KPolicy):
         with chance ``share``, and when no row gets one the step runs at the cheapest K. Plain
         Python on purpose: it runs every step, for a handful of rows and K values.
         """
-        extra = self.acceptance.expected_extra()
+        # Each row at its request's own estimate; except when pricing the proposer budget at
+        # batch 1, where a request's own record early on is a few proposals and skipping the
+        # proposer on it would also stop the evidence that could correct it.
+        own = len(self.requests) == len(proposal_counts) and (share >= 1.0 or self.rows > 1)
+        extras = self.acceptance.row_extras(self.requests if own else [None] * len(proposal_counts))
         if weights is None or len(weights) != len(proposal_counts):
             weights = [1.0] * len(proposal_counts)
         base = sum(weights)
@@ -275,15 +344,21 @@ class Goodput(KPolicy):
         low = min(costs, key=lambda k: (costs[k], k))
         low_cost = costs[low]
         some = any_proposes(share, len(proposal_counts))
-        if self.costs.last_k == low:
+        last = self.costs.last_k
+        if last == low:
             # Leaving the cheapest K costs the switch penalty now and again when proposals run
             # out; each step of the run they are expected to last carries its share of both.
             for k in self.ks:
                 if k != low:
                     costs[k] += 2.0 * (1.0 - self.run_on()) * self.costs.penalty_s
+        elif last in costs and share >= 1.0:
+            # From one speculating shape to another: the penalty once (choose_k only).
+            for k in self.ks:
+                if k not in (low, last):
+                    costs[k] += max(self.costs.penalty_s, 0.0)
         out = {}
         for k in self.ks:
-            tokens = base + share * sum(w * extra[min(n, k)] for w, n in zip(weights, proposal_counts) if n)
+            tokens = base + share * sum(w * extra[min(n, k)] for w, n, extra in zip(weights, proposal_counts, extras) if n)
             cost = costs[k]
             if k != low:
                 cost = some * cost + (1.0 - some) * low_cost + extra_propose_s
@@ -309,6 +384,8 @@ class Goodput(KPolicy):
 
     def propose_budget(self, k_max, step):
         self.left = step.tokens_left
+        self.requests = step.requests
+        self.acceptance.keep_requests(step.requests)
         self.weights = None
         self.waiting = step.waiting
         if 0 not in self.ks:
@@ -343,6 +420,8 @@ class Goodput(KPolicy):
                 self._reset(ks, max(self.rows, len(proposal_counts)), None)
         self.offered = sum(1 for n in proposal_counts if n) / max(len(proposal_counts), 1)
         if not self.offered:  # every K returns one token per row: the cheapest wins
+            if self.skipping:  # no proposal before the next peek: no reason to hold a larger shape
+                return self.ks[0]
             if self._cheapest is None:
                 back = any_proposes(self.acceptance.yield_rate, max(len(self.left), 1))
                 # stay where a round trip would cost more, else the smallest K: never a third K,
@@ -369,3 +448,4 @@ class Goodput(KPolicy):
         else:
             self.acceptance.observe_no_call()
         self.acceptance.observe_scored(outcome.scored)
+        self.acceptance.observe_rows(outcome.scored_requests, outcome.scored)

@@ -288,7 +288,7 @@ def test_acceptance_estimator_counts_positions_fades_old_proposals_and_tracks_ru
 def test_goodput_stops_calling_a_proposer_that_returns_nothing():
     policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
     assert policy.propose_budget(7, context()) > 0  # optimistic at first
-    for _ in range(60):  # the proposer ran and found nothing, every time
+    for _ in range(4 * DEFAULTS.evidence + 4):  # the proposer ran and found nothing, every time
         policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
     assert policy.propose_budget(7, context()) == 0
@@ -320,11 +320,14 @@ def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
     # Verifying is dear: with the prior acceptance alone, speculation would not pay.
     policy = goodput({0: 1.0, 2: 2.5, 4: 3.0, 7: 3.5})
     assert policy.best(policy.rates([7], share=1.0)) == 0
-    for _ in range(DEFAULTS.evidence - 1):  # too few scored proposals to settle on skipping
+    steps = 0
+    while not policy.acceptance.settled():  # too few scored proposals to settle on skipping
         assert policy.propose_budget(7, context()) > 0
         policy.choose_k([7], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0, ((1, 0),)))
-    policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0, ((1, 0), (1, 0))))
+        steps += 1
+    assert steps >= DEFAULTS.evidence  # (older proposals fade, so settling takes a few more)
+    policy.since_peek = 0  # (and the next step is not a peek)
     assert policy.propose_budget(7, context()) == 0  # now the evidence says skip
     assert policy.skipping
     # A proposer that never proposes is settled by its calls instead.
@@ -334,12 +337,13 @@ def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
         budgets.append(policy.propose_budget(7, context()))
         policy.choose_k([0], KS)
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
-    assert all(budgets[: 4 * DEFAULTS.evidence]) and budgets[-1] == 0
+    assert all(budgets[: 4 * DEFAULTS.evidence]) and policy.skipping and 0 in budgets[4 * DEFAULTS.evidence:]
 
 
 def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_peeks():
     policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
-    feed(policy, 7, 7, 7, steps=20)  # settled: proposals hold
+    feed(policy, 7, 7, 7, steps=2 * DEFAULTS.evidence)  # settled: proposals hold
+    assert policy.acceptance.settled()
     priced = []
     original = policy.rates
     policy.rates = lambda *a, **kw: priced.append(kw.get("share")) or original(*a, **kw)
@@ -352,3 +356,75 @@ def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_pee
     policy._reprice = 1
     assert policy.propose_budget(7, context()) == 0 and policy.skipping
     assert [policy.propose_budget(7, context()) for _ in range(5)] == [0] * 5 and len(priced) == 4
+
+
+def scored_by_request(policy, outcomes, k=0):
+    """One step per entry of ``outcomes``: {request: (checked, matched)} scored at that step."""
+    for scored in outcomes:
+        requests = tuple(scored)
+        policy.observe(StepOutcome(k, (0,) * len(policy.left), (0,) * len(policy.left), policy.costs.verify_s[k],
+                                   0.0, 0.0, tuple(scored.values()), requests))
+
+
+def test_goodput_tells_the_requests_of_a_static_batch_apart():
+    # Request 10's proposals always hold, request 11's never: the pooled estimate (half hold)
+    # is true of neither. A static batch lasts as long as its slowest row.
+    costs = {0: 1.0, 2: 1.5, 4: 1.8, 7: 2.2}
+    policy = goodput(costs, rows=2)
+    for _ in range(30):
+        policy.propose_budget(7, StepContext((100, 100), 0, 2, (10, 11)))
+        scored_by_request(policy, [{10: (7, 7), 11: (1, 0)}])
+    own = policy.acceptance.row_extras([10, 11])
+    pooled = policy.acceptance.expected_extra()
+    assert own[0][7] > 6.0 and own[1][7] < 0.3 and 1.0 < pooled[7] < 5.0
+    policy.costs.last_k = 0
+    # Request 11 holds the batch up (more tokens left) and its proposals fail: speculating only
+    # speeds up request 10, which would then sit idle. K = 0.
+    policy.propose_budget(7, StepContext((60, 100), 0, 2, (10, 11)))
+    assert policy.choose_k([7, 7], KS) == 0
+    # Request 10 holds it up: speculate fully.
+    policy.propose_budget(7, StepContext((100, 60), 0, 2, (10, 11)))
+    assert policy.choose_k([7, 7], KS) == 7
+    # Requests that left the batch are forgotten; a new one starts at the pooled estimate.
+    policy.propose_budget(7, StepContext((100, 100), 0, 2, (10, 12)))
+    assert set(policy.acceptance.by_request) == {10}
+    assert policy.acceptance.row_extras([12]) == [pooled]
+
+
+def test_goodput_prices_the_batch_1_budget_on_the_pooled_estimate():
+    # Request 5's first proposals failed; earlier requests' held. At batch 1 the proposer keeps
+    # running (the budget reads the pooled estimate) while choose_k reads request 5's own.
+    policy = goodput({0: 1.0, 2: 2.0, 4: 2.5, 7: 3.0})
+    for _ in range(60):
+        policy.propose_budget(7, StepContext((100,), 0, 1, (4,)))
+        scored_by_request(policy, [{4: (7, 7)}])
+    for _ in range(6):
+        policy.propose_budget(7, StepContext((100,), 0, 1, (5,)))
+        scored_by_request(policy, [{5: (1, 0)}])
+    policy.since_peek = 0
+    assert policy.propose_budget(7, StepContext((100,), 0, 1, (5,))) == 7 and not policy.skipping
+    policy.costs.last_k = 0
+    assert policy.choose_k([7], KS) == 0
+
+
+def test_goodput_pays_the_switch_penalty_between_speculating_shapes():
+    def from_k7(penalty):
+        policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+        feed(policy, 7, 7, 7, steps=2 * DEFAULTS.evidence)
+        policy.propose_budget(7, context())
+        policy.costs.penalty_s, policy.costs.last_k = penalty, 7
+        return policy.choose_k([4], KS)
+
+    assert from_k7(0.0) == 4  # a 4-token proposal: K = 4 is cheaper than K = 7 ...
+    assert from_k7(0.5) == 7  # ... unless leaving K = 7 costs more than it saves
+
+
+def test_goodput_drops_to_the_smallest_k_while_it_skips_the_proposer():
+    policy = goodput({0: 1.0, 2: 1.6, 4: 2.1, 7: 3.0})
+    feed(policy, 7, 7, 0, steps=2 * DEFAULTS.evidence)
+    policy.since_peek = 0
+    assert policy.propose_budget(7, context()) == 0 and policy.skipping
+    # No proposal comes before the next peek: a large switch penalty does not hold K = 7.
+    policy.costs.penalty_s, policy.costs.last_k = 10.0, 7
+    policy._cheapest = None
+    assert policy.choose_k([0], KS) == 0
