@@ -1,0 +1,71 @@
+"""benchmarks/k_policy_replay.py: goodput fed steady timings, the regret table, one replay end to end."""
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from spdflow.api import StepContext, StepOutcome
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def replay():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("k_policy_replay", REPO / "benchmarks" / "k_policy_replay.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_steady_goodput_sees_the_recorded_means_not_the_replays_timings(replay):
+    from spdflow_decoding import GoodputConfig
+
+    _, steady = replay.steady_plugin({})
+    steady.host_s, steady.propose_s, steady.noise = 0.002, 0.001, 0.0
+    policy = steady(GoodputConfig())
+    policy.start([0, 2, 4], 1, None)
+    policy.propose_budget(4, StepContext((10,), 0, 1, (0,)))
+    policy.choose_k([4], [0, 2, 4])
+    policy.observe(StepOutcome(4, (4,), (4,), 0.5, 0.123, 0.456))
+    assert policy.costs.host_s[4] == pytest.approx(0.002)
+    assert policy.costs.propose_s == pytest.approx(0.001)
+    # with noise, each seed is its own repeatable machine
+    steady.noise = 0.2
+    draws = []
+    for _ in range(2):
+        steady.rng = random.Random("seed")
+        policy = steady(policy.config)
+        policy.start([0, 2, 4], 1, None)
+        policy.observe(StepOutcome(0, (0,), (0,), 0.5, 0.0, 0.456))
+        draws.append(policy.costs.host_s[0])
+    assert draws[0] == draws[1] != 0.002
+
+
+def test_the_table_marks_cells_below_the_line(replay):
+    results = {"code": {1: {"regret": [-0.01, 0.02, -0.05]}, 8: {"regret": [-0.06, -0.04, -0.05]}}}
+    text = replay.render(results, [1, 8])
+    assert "| code | -1.0 % (-5.0..+2.0) | -5.0 % (-6.0..-4.0) **below** |" in text
+    assert "Cells below the 0.97 line: 1 of 2; worst median -5.0 %" in text
+
+
+def test_a_recorded_run_replays_under_steady_goodput(replay, tmp_path):
+    from spdflow.cli import cli
+    from click.testing import CliRunner
+
+    out = tmp_path / "runs" / "code"
+    result = CliRunner().invoke(cli, ["run", str(REPO / "recipes" / "tinycode_varK.yaml"), "-q",
+                                      "--allow-outside-paths", "--set", f"output={out}", "--set", "workload.count=2",
+                                      "--set", "workload.max_new_tokens=24"])
+    assert result.exit_code == 0, result.output
+    results = replay.replay_all(tmp_path / "runs", "goodput", {"margin": 0.05}, [1], seeds=2, noise=0.2)
+    cells = results["code"]
+    assert set(cells) == {1}
+    for cell in cells.values():
+        assert len(cell["regret"]) == 2 and all(-1.0 < r < 1.0 for r in cell["regret"])
+        assert all(0.0 < e <= 1.5 for e in cell["efficiency"])
