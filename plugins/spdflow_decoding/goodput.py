@@ -188,11 +188,7 @@ class AcceptanceEstimator:
             seen = self.by_request.get(request)
             if seen is None:
                 seen = self.by_request[request] = ([0] * len(self.tries), [0] * len(self.tries))
-            tries, hits = seen
-            for j in range(1, checked + 1):
-                tries[j] += 1
-            for j in range(1, matched + 1):
-                hits[j] += 1
+            _count(*seen, checked, matched)
             self._row_cache = None
 
     def keep_requests(self, requests: Sequence[int]) -> None:
@@ -234,11 +230,16 @@ class AcceptanceEstimator:
         tries = [t * fade for t in self.tries]
         hits = [h * fade for h in self.hits]
         for checked, matched in scored:
-            for j in range(1, checked + 1):
-                tries[j] += 1.0
-            for j in range(1, matched + 1):
-                hits[j] += 1.0
+            _count(tries, hits, checked, matched)
         self.tries, self.hits, self._extra, self._row_cache = tries, hits, None, None
+
+
+def _count(tries: list, hits: list, checked: int, matched: int) -> None:
+    """One scored proposal: positions 1..checked were tried, 1..matched held."""
+    for j in range(1, checked + 1):
+        tries[j] += 1
+    for j in range(1, matched + 1):
+        hits[j] += 1
 
 
 def _running_extra(rates: Sequence[float]) -> list[float]:
