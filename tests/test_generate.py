@@ -464,6 +464,28 @@ class _Writer:
         pass
 
 
+def test_step_costs_interleave_the_ks_so_a_burst_of_load_does_not_land_on_one_k():
+    """A burst that slows every run for a while (another process on a shared machine) must not
+    make one K look several times dearer: the policy starts from these figures and would never
+    run that K to learn better."""
+    from types import SimpleNamespace
+
+    from spdflow.engine.generate import measure_step_costs
+
+    cost = {0: 1.0, 2: 1.2, 4: 1.4, 7: 1.7}
+    clock = SimpleNamespace(now=0.0, calls=0)
+
+    def verify(session, input_ids, position_ids, num_logits_to_keep, batch_index):
+        clock.calls += 1
+        burst = 10.0 if clock.calls <= 12 else 0.0  # the first 12 runs, a quarter of them all
+        clock.now += cost[input_ids.shape[1] - 1] + burst
+
+    pm = SimpleNamespace(hook=SimpleNamespace(spdflow_verify=verify))
+    measured = measure_step_costs(pm, None, 1, [0, 2, 4, 7], 0, clock=lambda: clock.now)
+    assert measured == pytest.approx(cost)
+    assert clock.calls == 4 * 4 * 3  # rounds x K x (warm-up + timed runs)
+
+
 @pytest.mark.parametrize("where", ["tokens", "request", "accepted"])
 def test_a_proposer_that_writes_into_engine_state_fails_the_run_naming_it(pm, tmp_path, models, out_root, where):
     _register(pm, "proposer", "writer", lambda config, ctx: _Writer(where), "writer-plugin")

@@ -84,25 +84,32 @@ class StepCosts:
 
 
 def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
-                       batch_index: np.ndarray | None = None, repeats: int = 8, warmup: int = 3,
+                       batch_index: np.ndarray | None = None, rounds: int = 4, repeats: int = 2, warmup: int = 1,
                        clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Median seconds of one verify run per compiled K (measured now; :class:`StepCosts` keeps them).
 
     Every position is -1, so the runs write only the reserved last KV slot and can happen at
-    any time without touching a request's cache. Each K runs as a block (``warmup`` untimed
-    runs, then ``repeats`` timed ones): this is the steady cost of repeating K, without the cost of
-    switching shapes, which a policy can learn from the steps themselves.
+    any time without touching a request's cache. Each of ``rounds`` rounds runs every K as a
+    short block (``warmup`` untimed runs, then ``repeats`` timed ones), the order of K rotating
+    per round: this is the steady cost of repeating K, without the cost of switching shapes
+    (a policy learns that from the steps themselves), and a burst of load on a shared machine
+    lands on every K alike instead of on one K's block. Timed in one block per K, a 2-core
+    machine at load 2.8 once gave batch 2 K=4 6.8 ms against K=7 3.6 ms (quiet: 1.5 and 1.9);
+    a policy that believes such a start never runs the larger K to learn better.
     """
+    ks = list(ks)
     times: dict[int, list[float]] = {k: [] for k in ks}
-    for k in ks:
-        ids = np.full((rows, k + 1), pad_token_id, dtype=np.int64)
-        pos = np.full((rows, k + 1), -1, dtype=np.int64)
-        for round_ in range(warmup + repeats):
-            start = clock()
-            pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos,
-                                   num_logits_to_keep=k + 1, batch_index=batch_index)
-            if round_ >= warmup:
-                times[k].append(clock() - start)
+    inputs = {k: (np.full((rows, k + 1), pad_token_id, dtype=np.int64), np.full((rows, k + 1), -1, dtype=np.int64))
+              for k in ks}
+    for round_ in range(rounds):
+        for k in ks[round_ % len(ks):] + ks[: round_ % len(ks)]:
+            ids, pos = inputs[k]
+            for run in range(warmup + repeats):
+                start = clock()
+                pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos,
+                                       num_logits_to_keep=k + 1, batch_index=batch_index)
+                if run >= warmup:
+                    times[k].append(clock() - start)
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
