@@ -115,6 +115,7 @@ def test_goodput_peeks_at_the_proposer_while_speculation_cannot_pay():
     policy.choose_k([7], KS)
     policy.costs.propose_s = 0.05
     policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.05, 0.0))
+    policy.count_pending()  # steps are counted into the estimates in groups, or before a pricing
     assert policy.peek_every == 5
     budgets = [policy.propose_budget(7, context()) for _ in range(20)]
     assert [i for i, b in enumerate(budgets) if b] == [4, 9, 14, 19]
@@ -124,6 +125,7 @@ def test_goodput_peeks_at_the_proposer_while_speculation_cannot_pay():
     for propose_s, every in [(0.0001, DEFAULTS.peek_min), (100.0, DEFAULTS.peek_max)]:
         policy.costs.propose_s = propose_s
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, propose_s, 0.0))
+        policy.count_pending()
         assert policy.peek_every == every
 
 
@@ -348,8 +350,9 @@ def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_pee
     original = policy.rates
     policy.rates = lambda *a, **kw: priced.append(kw.get("share")) or original(*a, **kw)
     policy.peek_every = 10**6  # no peek in this window
-    budgets = [policy.propose_budget(7, context()) for _ in range(24)]
-    assert budgets == [7] * 24 and len(priced) == 3  # steps 1, 9 and 17
+    every = DEFAULTS.reprice_every
+    budgets = [policy.propose_budget(7, context()) for _ in range(3 * every)]
+    assert budgets == [7] * 3 * every and len(priced) == 3  # steps 1, 1 + every and 1 + 2 * every
     # a budget priced as "skip" holds until the next peek re-prices it
     policy.acceptance.hits = [0.0] * len(policy.acceptance.hits)  # nothing holds any more
     policy.acceptance._extra = None
@@ -374,6 +377,7 @@ def test_goodput_tells_the_requests_of_a_static_batch_apart():
     for _ in range(30):
         policy.propose_budget(7, StepContext((100, 100), 0, 2, (10, 11)))
         scored_by_request(policy, [{10: (7, 7), 11: (1, 0)}])
+    policy.count_pending()
     own = policy.acceptance.row_extras([10, 11])
     pooled = policy.acceptance.expected_extra()
     assert own[0][7] > 6.0 and own[1][7] < 0.3 and 1.0 < pooled[7] < 5.0
@@ -402,6 +406,7 @@ def test_goodput_prices_the_batch_1_budget_on_the_pooled_estimate():
         policy.propose_budget(7, StepContext((100,), 0, 1, (5,)))
         scored_by_request(policy, [{5: (1, 0)}])
     policy.since_peek = 0
+    policy.count_pending()
     assert policy.propose_budget(7, StepContext((100,), 0, 1, (5,))) == 7 and not policy.skipping
     policy.costs.last_k = 0
     assert policy.choose_k([7], KS) == 0
@@ -428,3 +433,42 @@ def test_goodput_drops_to_the_smallest_k_while_it_skips_the_proposer():
     policy.costs.penalty_s, policy.costs.last_k = 10.0, 7
     policy._cheapest = None
     assert policy.choose_k([0], KS) == 0
+
+
+def test_goodput_counts_steps_in_groups_with_the_same_result_as_one_by_one():
+    # Counting is deferred for speed; the estimates it ends with must be the ones a step-by-step
+    # count gives, switch penalties (which depend on the order of K) included.
+    eager, grouped = Goodput(GoodputConfig(reprice_every=1)), Goodput(GoodputConfig(reprice_every=8))
+    for policy in (eager, grouped):
+        policy.start(KS, 2, NoServices({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0}))
+    pattern = [(7, (7, 7), (3, 0)), (7, (7, 0), (7, 0)), (0, (0, 0), (0, 0)), (4, (4, 2), (1, 2)), (4, (4, 4), (0, 4))]
+    for step in range(200):
+        k, proposed, accepted = pattern[step % len(pattern)]
+        scored = tuple((min(a + 1, n), a) for n, a in zip(proposed, accepted) if n)
+        outcome = StepOutcome(k, proposed, accepted, 1.0 + 0.1 * k + 0.01 * (step % 7), 0.001 * (step % 3),
+                              0.05, scored, (10, 11)[: len(scored)])
+        for policy in (eager, grouped):
+            policy.choose_k(list(proposed), KS)  # sets the share of rows that proposed
+            policy.observe(outcome)
+    assert grouped._pending  # 200 steps: the last few are not counted yet ...
+    assert grouped.costs.last_k == eager.costs.last_k == 4  # ... but the rule knows the last K
+    grouped.count_pending()
+    for name in ("verify_s", "host_s", "penalty_s", "propose_s"):
+        assert getattr(grouped.costs, name) == pytest.approx(getattr(eager.costs, name)), name
+    for name in ("tries", "hits", "yield_rate", "calls", "follows"):
+        assert getattr(grouped.acceptance, name) == pytest.approx(getattr(eager.acceptance, name)), name
+    assert grouped.acceptance.by_request == eager.acceptance.by_request
+    assert grouped.peek_every == eager.peek_every
+
+
+def test_goodput_reuses_a_decision_until_the_next_count():
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+    feed(policy, 7, 7, 7, steps=2 * DEFAULTS.evidence)
+    policy.count_pending()
+    priced = []
+    original = policy.rates
+    policy.rates = lambda *a, **kw: priced.append(a) or original(*a, **kw)
+    assert [policy.choose_k([7], KS) for _ in range(3)] == [7] * 3 and len(priced) == 1
+    assert policy.choose_k([3], KS) == 4 and len(priced) == 2  # other proposals: priced
+    feed(policy, 7, 7, 7, steps=DEFAULTS.reprice_every)  # counted: decisions are priced again
+    assert policy.choose_k([7], KS) == 7 and len(priced) == 3
