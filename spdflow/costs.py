@@ -58,7 +58,7 @@ class GridEntry:
 
 
 def _time_runs(pm, session, shapes: Sequence[tuple[int, int, int]], pad_token_id: int,
-               batch_index: np.ndarray | None, gap_s: float = 0.0) -> list[float]:
+               batch_index: np.ndarray | None, gap_s: float = 0.0, clock=time.perf_counter) -> list[float]:
     """Seconds of each run of ``shapes`` (rows, seq_len, num_logits_to_keep), in order.
 
     ``gap_s`` > 0 keeps the host busy that long after each run (as a generation step's own host
@@ -69,14 +69,27 @@ def _time_runs(pm, session, shapes: Sequence[tuple[int, int, int]], pad_token_id
     for rows, seq_len, keep in shapes:
         ids = np.full((rows, seq_len), pad_token_id, dtype=np.int64)
         pos = np.full((rows, seq_len), -1, dtype=np.int64)
-        start = time.perf_counter()
+        start = clock()
         pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos, num_logits_to_keep=keep,
                                batch_index=batch_index)
-        end = time.perf_counter()
+        end = clock()
         times.append(end - start)
-        while gap_s > 0 and time.perf_counter() - end < gap_s:
+        while gap_s > 0 and clock() - end < gap_s:
             pass
     return times
+
+
+def time_round(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, batch_index: np.ndarray | None,
+               round_: int, warmup: int, repeats: int, gap_s: float = 0.0, clock=time.perf_counter) -> dict[int, list[float]]:
+    """One round of decode timings: every K of ``ks`` as a short block (``warmup`` untimed runs,
+    then ``repeats`` timed), the order of K rotated by ``round_``, so that over several rounds a
+    burst of load on a shared machine lands on every K alike. The timed seconds per K."""
+    ks = list(ks)
+    timed: dict[int, list[float]] = {}
+    for k in ks[round_ % len(ks):] + ks[: round_ % len(ks)]:
+        shape = (rows, k + 1, k + 1)
+        timed[k] = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, batch_index, gap_s, clock)[warmup:]
+    return timed
 
 
 def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, prefill_seq_len: int,
@@ -101,11 +114,9 @@ def measure_grid(pm, session, rows: int, ks: Sequence[int], pad_token_id: int, p
     switch: list[float] = []
     prefill: list[float] = []
     for round_ in range(rounds):
-        order = ks[round_ % len(ks):] + ks[: round_ % len(ks)]
-        for k in order:
-            shape = (rows, k + 1, k + 1)
-            times = _time_runs(pm, session, [shape] * (warmup + repeats), pad_token_id, decode_index, gap_s)
-            steady[k].append(statistics.median(times[warmup:]))
+        for k, times in time_round(pm, session, rows, ks, pad_token_id, decode_index, round_, warmup, repeats,
+                                   gap_s).items():
+            steady[k].append(statistics.median(times))
         if lo != hi:
             pattern = [(rows, lo + 1, lo + 1), (rows, hi + 1, hi + 1)] * (1 + repeats)
             times = _time_runs(pm, session, pattern, pad_token_id, decode_index, gap_s)[2:]

@@ -469,7 +469,6 @@ class Goodput(KPolicy):
         if not self._pending:
             return
         costs, acceptance, config = self.costs, self.acceptance, self.config
-        last = costs.last_k  # the rule's last K, set as each step was observed
         for outcome, offered in self._pending:
             costs.observe(outcome.k, outcome.verify_s, outcome.host_s, outcome.propose_s)
             if outcome.propose_s > 0:
@@ -478,7 +477,6 @@ class Goodput(KPolicy):
                 acceptance.observe_no_call()
             acceptance.observe_scored(outcome.scored)
             acceptance.observe_rows(outcome.scored_requests, outcome.scored)
-        costs.last_k = last
         self._pending.clear()
         self._decided.clear()
         self._settled = acceptance.settled()

@@ -27,6 +27,7 @@ import numpy as np
 
 from spdflow.api import (AcceptRow, PolicyServices, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext,
                          StepOutcome, TargetOutputs)
+from spdflow.costs import time_round
 from spdflow.errors import PluginError, SpdflowError, StageError
 
 
@@ -97,19 +98,11 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
     machine at load 2.8 once gave batch 2 K=4 6.8 ms against K=7 3.6 ms (quiet: 1.5 and 1.9);
     a policy that believes such a start never runs the larger K to learn better.
     """
-    ks = list(ks)
     times: dict[int, list[float]] = {k: [] for k in ks}
-    inputs = {k: (np.full((rows, k + 1), pad_token_id, dtype=np.int64), np.full((rows, k + 1), -1, dtype=np.int64))
-              for k in ks}
     for round_ in range(rounds):
-        for k in ks[round_ % len(ks):] + ks[: round_ % len(ks)]:
-            ids, pos = inputs[k]
-            for run in range(warmup + repeats):
-                start = clock()
-                pm.hook.spdflow_verify(session=session, input_ids=ids, position_ids=pos,
-                                       num_logits_to_keep=k + 1, batch_index=batch_index)
-                if run >= warmup:
-                    times[k].append(clock() - start)
+        for k, timed in time_round(pm, session, rows, ks, pad_token_id, batch_index, round_, warmup, repeats,
+                                   clock=clock).items():
+            times[k] += timed
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
