@@ -38,7 +38,7 @@ class GoodputConfig(BaseModel):
     peek_min: int = Field(4, ge=1, description="Fewest steps between peeks.")
     peek_max: int = Field(256, ge=1, description="Most steps between peeks.")
     horizon: float = Field(8.0, gt=0.0, description="Tokens-left scale of the row weights exp(-(most - left) / horizon).")
-    margin: float = Field(0.03, ge=0.0, description="How much better than K = 0 a K must be to leave K = 0.")
+    margin: float = Field(0.03, ge=0.0, description="How much better a K larger than the last step's must be than every K up to the last to be chosen (from K = 0: to leave K = 0).")
     evidence: int = Field(32, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
     row_weight: float = Field(2.0, ge=0.0, description="Pseudo-trials at the pooled acceptance behind each request's own scored proposals, per position (large: pooled only).")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
@@ -260,7 +260,7 @@ class Goodput(KPolicy):
 
     A row with n proposals is worth ``1 + extra[min(n, K)]`` tokens (:class:`AcceptanceEstimator`);
     a step costs :meth:`StepCostModel.step_cost`. The rule picks ``argmax_K tokens(K) / cost(K)``,
-    ties to the smaller K, truncating proposals longer than K. Four refinements, each tested in
+    ties to the smaller K, truncating proposals longer than K. Five refinements, each tested in
     tests/plugins/test_k_policy.py and each kept for a measurement in benchmarks/README.md (the
     section named in brackets):
 
@@ -272,8 +272,12 @@ class Goodput(KPolicy):
       leave and again to come back, shared over the steps a run of proposals is expected to
       last (``1 / (1 - run_on)``); a change between two speculating shapes pays it once; a step
       without proposals stays at its K or takes the smallest (:meth:`StepCostModel.detour_cost`),
-      and takes the smallest while the proposer is skipped. Leaving K = 0 must win by
-      ``margin``. [Switching shapes costs a step's worth of time; "Issue 23, round 2".]
+      and takes the smallest while the proposer is skipped. [Switching shapes costs a step's
+      worth of time; "Issue 23, round 2".]
+    * Stepping up: a K larger than the last step's must beat every K up to the last by
+      ``margin`` (stepping down or staying needs none): the estimates are noisy and a larger
+      shape surely costs more. [From K = 0 only: "Issue 23, round 2"; every step up:
+      "Issue 23, round 4", the close calls for K = 7 at batch 8.]
     * Static batches: when no request waits for a slot a batch ends with its last row, so a
       row's tokens weigh ``exp(-(most - left) / horizon)``. [What limits the misses, "Static
       batches end with idle rows": 0.82x no-spec against fixed's 0.64x at batch 8.]
@@ -386,10 +390,11 @@ class Goodput(KPolicy):
         return self.weights
 
     def best(self, rates: dict[int, float]) -> int:
-        """The K of the highest rate (ties to the smaller K); leaving K = 0 must win by ``margin``."""
-        if 0 in rates and self.costs.last_k in (0, None):
-            floor = rates[0] * (1.0 + self.config.margin)
-            rates = {k: r for k, r in rates.items() if k == 0 or r > floor}
+        """The K of the highest rate (ties to the smaller K); a K above the last one (the smallest
+        before any step) must beat every K up to it by ``margin``."""
+        last = self.costs.last_k if self.costs.last_k in rates else min(rates)
+        floor = max(r for k, r in rates.items() if k <= last) * (1.0 + self.config.margin)
+        rates = {k: r for k, r in rates.items() if k <= last or r > floor}
         return max(rates, key=lambda k: (rates[k], -k))
 
     # -- the KPolicy protocol -----------------------------------------------------------------

@@ -472,3 +472,19 @@ def test_goodput_reuses_a_decision_until_the_next_count():
     assert policy.choose_k([3], KS) == 4 and len(priced) == 2  # other proposals: priced
     feed(policy, 7, 7, 7, steps=DEFAULTS.reprice_every)  # counted: decisions are priced again
     assert policy.choose_k([7], KS) == 7 and len(priced) == 3
+
+
+def test_goodput_steps_up_to_a_dearer_k_only_by_the_margin():
+    # From the last K, a larger K must beat every K up to it by ``margin`` (estimates are noisy
+    # and a larger shape costs more for sure); staying or stepping down needs no margin.
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
+    assert DEFAULTS.margin == pytest.approx(0.03)
+    policy.costs.last_k = 2
+    assert policy.best({0: 1.0, 2: 1.10, 4: 1.12, 7: 1.125}) == 2  # 2 % better: not enough
+    assert policy.best({0: 1.0, 2: 1.10, 4: 1.12, 7: 1.14}) == 7   # 3.6 % better than K = 2
+    assert policy.best({0: 1.0, 2: 1.20, 4: 1.12, 7: 1.14}) == 2
+    assert policy.best({0: 1.25, 2: 1.20, 4: 1.12, 7: 1.26}) == 0  # down: the best at or below 2
+    policy.costs.last_k = 7
+    assert policy.best({0: 1.0, 2: 1.10, 4: 1.12, 7: 1.11}) == 4
+    policy.costs.last_k = None  # before the first step: from the smallest K
+    assert policy.best({0: 1.0, 2: 1.02, 4: 1.025, 7: 1.01}) == 0
