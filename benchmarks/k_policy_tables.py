@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -163,10 +164,18 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
     has_oracle = any(_first(r, "oracle_tokens_per_s") is not None for r in rows)
     has_efficiency = any(_first(r, "policy_efficiency", "efficiency") is not None for r in rows)
     has_regret = any(_first(r, "regret_vs_best_static") is not None for r in rows)
-    header = ["mode", "tok/s (min–max)", "÷ max(no-spec, best fixed)", f"≥ {LINE}", "AL"]
+    # The static choice of the measured verdict, for the paired one: its repeats beside the policy's.
+    reference = max([r for r in [nospec, best] if r is not None], key=lambda r: r.get("tokens_per_s") or 0, default=None)
+    has_paired = reference is not None and bool(reference.get("tokens_per_s_by_repeat"))
+    header = ["mode", "tok/s (min–max)", "÷ max(no-spec, best fixed)", f"≥ {LINE}"]
+    header += ["paired ÷ (q1–q3)", f"paired ≥ {LINE}"] * has_paired + ["AL"]
     header += ["oracle tok/s (priced)"] * has_oracle + ["efficiency"] * has_efficiency + ["regret (priced)"] * has_regret
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     reached: dict[str, bool | None] = {}
+    paired_reached: dict[str, bool | None] = {}
+
+    def mark_of(ok: bool | None) -> str:
+        return "—" if ok is None else ("reached" if ok else "**not reached**")
 
     def line(label: str, row: dict | None, mark: bool) -> None:
         if row is None:
@@ -175,10 +184,18 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
         ratio = tps / static if tps and static else None
         verdict = "—"
         if mark:
-            ok = None if ratio is None else ratio >= LINE
-            reached[label] = ok
-            verdict = "—" if ok is None else ("reached" if ok else "**not reached**")
-        cells = [label, _spread(row), _fmt(ratio, ".3f"), verdict, _fmt(row.get("al"), ".2f")]
+            reached[label] = None if ratio is None else ratio >= LINE
+            verdict = mark_of(reached[label])
+        cells = [label, _spread(row), _fmt(ratio, ".3f"), verdict]
+        if has_paired:
+            ratios = paired_ratios(row, reference)
+            middle = statistics.median(ratios) if ratios else None
+            spread = "" if len(ratios) < 2 else f" ({_quartiles(ratios)})"
+            cells.append(_fmt(middle, ".3f") + spread)
+            if mark:
+                paired_reached[label] = None if middle is None else middle >= LINE
+            cells.append(mark_of(paired_reached[label]) if mark else "—")
+        cells.append(_fmt(row.get("al"), ".2f"))
         oracle = _fmt(_first(row, "oracle_tokens_per_s"))
         cells += [oracle + ("*" if row.get("oracle_exact") is False else "")] * has_oracle
         cells += [_fmt(_first(row, "policy_efficiency", "efficiency"), ".3f")] * has_efficiency
@@ -192,14 +209,32 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
     for policy in policies:
         row = next((r for r in rows if r.get("mode") in (f"varK:{policy}", policy)), None)
         if row is None:
-            lines.append(f"| {policy} | not in the bench rows | — | — | — |" + " — |" * (has_oracle + has_efficiency + has_regret))
+            lines.append(f"| {policy} | not in the bench rows | — | — | — |"
+                         + " — |" * (2 * has_paired + has_oracle + has_efficiency + has_regret))
             reached[policy] = None
+            if has_paired:
+                paired_reached[policy] = None
         else:
             line(policy, row, True)
     for row in rows:  # an oracle the bench reports as a row of its own
         if str(row.get("mode", "")).startswith("oracle"):
             line(row["mode"], row, False)
+    if has_paired:
+        reached["paired"] = paired_reached
     return lines, reached
+
+
+def paired_ratios(row: dict, reference: dict) -> list[float]:
+    """Per repeat, the row's tok/s over the reference's in the same repeat. A bench runs every
+    mode once per repeat, back to back in a rotated order, so a ratio within a repeat leaves
+    out the drift of the machine between repeats that a ratio of two medians keeps."""
+    pairs = zip(row.get("tokens_per_s_by_repeat") or [], reference.get("tokens_per_s_by_repeat") or [])
+    return [a / b for a, b in pairs if a and b]
+
+
+def _quartiles(values: list[float]) -> str:
+    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+    return f"{low:.3f}–{high:.3f}"
 
 
 def priced_verdicts(rows: list[dict], policies: list[str]) -> dict[str, bool | None]:
@@ -242,20 +277,24 @@ def _load(text: str) -> str:
 
 def summary_table(verdicts: dict[str, dict], policies: list[str]) -> list[str]:
     """Per workload and policy, the batch sizes where the policy missed the 0.97 line: measured
-    (median tok/s) and priced (the oracle's cost model, when the rows carry it)."""
-    lines = ["| workload | " + " | ".join(f"{p}: below {LINE}, measured | {p}: priced" for p in policies) + " |",
-             "|" + "---|" * (2 * len(policies) + 1)]
+    (median tok/s), paired (median of the per-repeat ratios, when the rows carry each repeat) and
+    priced (the oracle's cost model, when the rows carry it)."""
+    paired = any("paired" in reached for by_batch in verdicts.values() for reached in by_batch.values())
+    kinds = [None, "paired", "priced"] if paired else [None, "priced"]
+    titles = {None: f"below {LINE}, measured", "paired": "paired", "priced": "priced"}
+    lines = ["| workload | " + " | ".join(f"{p}: {titles[kind]}" for p in policies for kind in kinds) + " |",
+             "|" + "---|" * (len(kinds) * len(policies) + 1)]
 
-    def below(by_batch: dict, policy: str, priced: bool) -> str:
-        got = {b: (reached.get("priced", {}) if priced else reached).get(policy) for b, reached in by_batch.items()}
+    def below(by_batch: dict, policy: str, kind: str | None) -> str:
+        got = {b: (reached.get(kind, {}) if kind else reached).get(policy) for b, reached in by_batch.items()}
         missed = [str(b) for b, ok in got.items() if ok is False]
         unknown = [str(b) for b, ok in got.items() if ok is None]
-        if priced and len(unknown) == len(got):
+        if kind and len(unknown) == len(got):
             return "—"
         return (", ".join(missed) or "none") + (f" (no figure at {', '.join(unknown)})" if unknown else "")
 
     for name, by_batch in verdicts.items():
-        cells = [f"{below(by_batch, p, False)} | {below(by_batch, p, True)}" for p in policies]
+        cells = [below(by_batch, p, kind) for p in policies for kind in kinds]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -279,7 +318,8 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[str, 
         lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies, records.get(name))
         sections[workload.section] += lines
     text = [f"Policies: {', '.join(policies)}. A cell reaches the line when the policy's median tok/s ≥ {LINE} × "
-            "max(no-spec, best fixed K) of the same bench and batch size.", "",
+            "max(no-spec, best fixed K) of the same bench and batch size; paired: when the median over repeats of "
+            "its tok/s ÷ that static choice's in the same repeat is ≥ the line.", "",
             "Batch sizes where a policy is below the line:", "", *summary_table(verdicts, policies), ""]
     for section, title in ((TUNED, "Tuned on (K-policy parameters were fitted on these kinds)"),
                            (HELD_OUT, "Held out (evaluation only: nothing was fitted on them)")):

@@ -391,6 +391,10 @@ def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> li
     for (batch, mode), mine in groups.items():
         row: dict[str, Any] = {"mode": mode, "batch_size": batch, "repeats": len(mine), "role": mine[0].role}
         values = [run_values(r) for r in mine]
+        # Each repeat's rate, in repeat order: modes of one repeat ran back to back (interleaved),
+        # so ratios taken within a repeat cancel the drift between repeats.
+        row["tokens_per_s_by_repeat"] = [v["tokens_per_s"] for _, v in sorted(zip([r.repeat for r in mine], values),
+                                                                               key=lambda pair: pair[0])]
         for key in TIMED:
             med, lo, hi = _stats([v[key] for v in values])
             row[key], row[f"{key}_min"], row[f"{key}_max"] = med, lo, hi

@@ -164,10 +164,11 @@ def _run(mode, batch, repeat, tps, tokens):
 
 
 def test_summarize_takes_median_min_max_and_checks_identity():
-    runs = [_run("varK:goodput", 1, r, tps, [1, 2]) for r, tps in enumerate((10.0, 30.0, 20.0))]
+    runs = [_run("varK:goodput", 1, r, tps, [1, 2]) for r, tps in reversed(list(enumerate((10.0, 30.0, 20.0))))]
     runs.append(_run("fixed", 1, 0, 5.0, [1, 3]))
     rows = {r["mode"]: r for r in summarize(runs, {0: [1, 2]})}
     assert rows["varK:goodput"]["tokens_per_s"] == pytest.approx(20.0)
+    assert rows["varK:goodput"]["tokens_per_s_by_repeat"] == pytest.approx([10.0, 30.0, 20.0])  # repeat order
     assert (rows["varK:goodput"]["tokens_per_s_min"], rows["varK:goodput"]["tokens_per_s_max"]) == pytest.approx((10.0, 30.0))
     assert rows["varK:goodput"]["identical_to_nospec"] is True and rows["varK:goodput"]["policy"] == "goodput"
     assert rows["fixed"]["identical_to_nospec"] is False
