@@ -24,16 +24,15 @@ import random
 import statistics
 import subprocess
 import sys
-import time
-
-import numpy as np
 
 KINDS = ("steady", "switch", "after1", "mixed steady")
 
 
 def child(recipe: str, batch: int, mode: str, overrides: list[str]) -> dict:
-    """One process: per kind and K, the median seconds of a verify call."""
+    """One process: per kind and K, the median seconds of a verify call (timed by spdflow.costs,
+    as the oracle's grid and the engine's step costs are)."""
     from spdflow.bench import BatchBench, compile_k_list
+    from spdflow.costs import _time_runs, time_round
     from spdflow.engine.run import NullUI
     from spdflow.plugins import get_plugin_manager
     from spdflow.recipe.loader import load_recipe
@@ -42,36 +41,25 @@ def child(recipe: str, batch: int, mode: str, overrides: list[str]) -> dict:
     loaded = load_recipe(recipe, pm, [*overrides, f"devices.with.session_mode={mode}"])
     bench = BatchBench(pm, loaded, batch, NullUI())
     bench.open()
-    ks = compile_k_list(loaded.recipe)
-
-    def step(k: int, position: int) -> float:
-        ids = np.full((batch, k + 1), 5, dtype=np.int64)
-        positions = np.tile(np.arange(position, position + 1 + k, dtype=np.int64), (batch, 1))
-        start = time.perf_counter()
-        pm.hook.spdflow_verify(session=bench.session, input_ids=ids, position_ids=positions,
-                               num_logits_to_keep=k + 1, batch_index=None)
-        return time.perf_counter() - start
-
+    ks, pad = compile_k_list(loaded.recipe), bench.config.pad_token_id
     times: dict[tuple[str, int], list[float]] = {}
     rng = random.Random(0)
-    for _ in range(6):
-        for k in ks:
-            for i in range(60):
-                took = step(k, 100 + i)
-                if i >= 10:
-                    times.setdefault(("steady", k), []).append(took)
-        last = None
-        for i in range(300):
+    for round_ in range(6):
+        for k, timed in time_round(pm, bench.session, batch, ks, pad, None, round_, warmup=10, repeats=50).items():
+            times.setdefault(("steady", k), []).extend(timed)
+        # runs of 1-4 steps at a random K; each call labelled by its place after the last change
+        schedule, kinds, last = [], [], None
+        for _ in range(300):
             k = rng.choice(ks)
             for j in range(rng.randint(1, 4)):
-                took = step(k, 100 + i % 200)
-                kind = "switch" if k != last else ("after1" if j == 1 else "mixed steady")
-                times.setdefault((kind, k), []).append(took)
+                schedule.append(k)
+                kinds.append("switch" if k != last else ("after1" if j == 1 else "mixed steady"))
                 last = k
-    facts = bench.session.runtime_facts() if hasattr(bench.session, "runtime_facts") else {}
+        took = _time_runs(pm, bench.session, [(batch, k + 1, k + 1) for k in schedule], pad, None)
+        for kind, k, seconds in zip(kinds, schedule, took):
+            times.setdefault((kind, k), []).append(seconds)
     bench.close()
-    return {"ks": ks, "session_mode": facts.get("session_mode", mode),
-            "ms": {f"{kind}/{k}": statistics.median(v) * 1e3 for (kind, k), v in times.items()}}
+    return {"ks": ks, "ms": {f"{kind}/{k}": statistics.median(v) * 1e3 for (kind, k), v in times.items()}}
 
 
 def main() -> None:

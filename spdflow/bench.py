@@ -393,8 +393,8 @@ def summarize(runs: list[ModeRun], reference: dict[int, list[int]] | None) -> li
         values = [run_values(r) for r in mine]
         # Each repeat's rate, in repeat order: modes of one repeat ran back to back (interleaved),
         # so ratios taken within a repeat cancel the drift between repeats.
-        row["tokens_per_s_by_repeat"] = [v["tokens_per_s"] for _, v in sorted(zip([r.repeat for r in mine], values),
-                                                                               key=lambda pair: pair[0])]
+        in_order = sorted(range(len(mine)), key=lambda i: mine[i].repeat)
+        row["tokens_per_s_by_repeat"] = [values[i]["tokens_per_s"] for i in in_order]
         for key in TIMED:
             med, lo, hi = _stats([v[key] for v in values])
             row[key], row[f"{key}_min"], row[f"{key}_max"] = med, lo, hi
