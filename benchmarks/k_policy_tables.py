@@ -227,9 +227,12 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
 def paired_ratios(row: dict, reference: dict) -> list[float]:
     """Per repeat, the row's tok/s over the reference's in the same repeat. A bench runs every
     mode once per repeat, back to back in a rotated order, so a ratio within a repeat leaves
-    out the drift of the machine between repeats that a ratio of two medians keeps."""
-    pairs = zip(row.get("tokens_per_s_by_repeat") or [], reference.get("tokens_per_s_by_repeat") or [])
-    return [a / b for a, b in pairs if a and b]
+    out the drift of the machine between repeats that a ratio of two medians keeps. Lists of
+    different lengths cannot be paired by position: no ratios (no paired verdict)."""
+    mine, theirs = row.get("tokens_per_s_by_repeat") or [], reference.get("tokens_per_s_by_repeat") or []
+    if len(mine) != len(theirs):
+        return []
+    return [a / b for a, b in zip(mine, theirs) if a and b]
 
 
 def _quartiles(values: list[float]) -> str:

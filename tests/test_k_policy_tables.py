@@ -121,3 +121,12 @@ def test_the_paired_verdict_takes_the_median_of_the_ratios_within_each_repeat(ta
     text = tables.render(tmp_path, ["code"], ["goodput", "smallest_covering"], {})
     assert "| workload | goodput: below 0.97, measured | goodput: paired | goodput: priced |" in text
     assert "| code | 1 | none | — | 1 | 1 | — |" in text
+
+
+def test_the_paired_verdict_refuses_repeats_it_cannot_pair(tables):
+    # A mode with a repeat missing cannot be paired by position: no paired figure, not a wrong one.
+    rows = [dict(r, tokens_per_s_by_repeat=[r["tokens_per_s"]] * (2 if r["mode"] == "varK:goodput" else 3))
+            for r in ROWS if r["batch_size"] == 1]
+    lines, reached = tables.batch_table(rows, ["goodput", "smallest_covering"])
+    assert reached["paired"] == {"goodput": None, "smallest_covering": False}  # 150 ÷ 160 in every repeat
+    assert any(line.startswith("| goodput | 156 (155–157) | 0.975 | reached | — | — |") for line in lines)
