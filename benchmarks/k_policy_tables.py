@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 #: Policies every table has; --policies adds more.
@@ -97,13 +98,14 @@ def uptime() -> str:
 
 
 def bench_command(workload: Workload, policies: list[str], repeats: int, count: int, json_path: Path,
-                  batch_sizes: str = BATCH_SIZES) -> list[str]:
-    """The ``spdflow bench`` command line for one workload (under ``nice -n -20``)."""
+                  batch_sizes: str = BATCH_SIZES, overrides: Sequence[str] = ()) -> list[str]:
+    """The ``spdflow bench`` command line for one workload (under ``nice -n -20``); ``overrides``
+    (``--set`` of this script) come after the workload's own."""
     modes = ",".join(["nospec", "fixed:all", *policies])
     command = ["nice", "-n", "-20", sys.executable, "-m", "spdflow", "bench", workload.recipe, "--batch-sizes", batch_sizes,
                "--modes", modes, "--repeats", str(repeats), "--json", str(json_path), "--markdown",
                "--set", f"workload.count={count}", *workload.extra_args]
-    for override in workload.overrides:
+    for override in [*workload.overrides, *overrides]:
         command += ["--set", override]
     return command
 
@@ -111,7 +113,7 @@ def bench_command(workload: Workload, policies: list[str], repeats: int, count: 
 def run_workload(workload: Workload, policies: list[str], args, out: Path) -> dict:
     """One bench; returns its record (command, load before/after, seconds, exit code)."""
     json_path = out / f"{workload.name}.json"
-    command = bench_command(workload, policies, args.repeats, args.count, json_path, args.batch_sizes)
+    command = bench_command(workload, policies, args.repeats, args.count, json_path, args.batch_sizes, args.overrides)
     shown = [c if c != sys.executable else "python" for c in command]
     shown = [_relative(c) for c in shown]
     record = {"workload": workload.name, "command": " ".join(_quote(c) for c in shown), "uptime_before": uptime()}
@@ -357,6 +359,9 @@ def parse_args(argv=None):
                              "slow real-model workload)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "k_policy",
                         help="directory for the JSON, logs and tables.md")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for every bench, after the workload's own (repeatable; e.g. "
+                             "devices.with.session_mode=dynamic)")
     parser.add_argument("--render-only", action="store_true", help="no bench: the tables from --out's JSON")
     parser.add_argument("--update-readme", type=Path, metavar="README",
                         help="also replace the tables between the k_policy_tables markers of this file")

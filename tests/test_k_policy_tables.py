@@ -49,6 +49,17 @@ def test_bench_command_runs_every_fixed_k_and_each_policy(tables):
     assert held_out == set(spdflow_workloads.EVALUATION_ONLY)
 
 
+def test_set_overrides_reach_every_bench_after_the_workloads_own(tables):
+    args = tables.parse_args(["--set", "devices.with.session_mode=dynamic", "--set", "workload.seed=3"])
+    assert args.overrides == ["devices.with.session_mode=dynamic", "workload.seed=3"]
+    command = tables.bench_command(tables.WORKLOADS["stdlib_tests"], ["goodput"], 3, 24, Path("x.json"),
+                                   overrides=args.overrides)
+    sets = [command[i + 1] for i, part in enumerate(command) if part == "--set"]
+    assert sets[-2:] == ["devices.with.session_mode=dynamic", "workload.seed=3"]
+    assert "workload.builtin=stdlib_tests" in sets[:-2]  # the workload's own come first: ours win
+    assert tables.parse_args([]).overrides == []
+
+
 def test_ratios_are_against_the_better_of_nospec_and_the_best_fixed_k(tables):
     lines, reached = tables.batch_table([r for r in ROWS if r["batch_size"] == 1], ["goodput", "smallest_covering"])
     text = "\n".join(lines)
