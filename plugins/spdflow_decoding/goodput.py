@@ -297,9 +297,10 @@ class Goodput(KPolicy):
     smallest_covering takes 7-8. ["Issue 23, round 3".]
 
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
-    (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); the other
-    tunables (priors, moving-average steps, peek bounds) were not swept. All are ``with:``
-    fields so that a recipe can.
+    (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
+    ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
+    defaults and each did worse ("Issue 23, round 5"); the other tunables (``prior_accept``,
+    ``yield_ema``, peek bounds) were not swept. All are ``with:`` fields so that a recipe can.
     """
 
     name = "goodput"
