@@ -401,6 +401,11 @@ class Goodput(KPolicy):
     # -- the KPolicy protocol -----------------------------------------------------------------
 
     def propose_budget(self, k_max, step):
+        self.since_peek += 1
+        if self.skipping and self.since_peek < self.peek_every:
+            # Skipping until the next peek: nothing here is read before then (the rows' tokens
+            # left and requests are taken at the peek), so the step costs a counter.
+            return 0
         self.left = step.tokens_left
         if step.requests != self.requests:
             self.acceptance.keep_requests(step.requests)
@@ -409,12 +414,9 @@ class Goodput(KPolicy):
         self.waiting = step.waiting
         if 0 not in self.ks:
             return k_max
-        self.since_peek += 1
         peek = self.since_peek >= self.peek_every
         if peek:
             self.since_peek = 0
-        elif self.skipping:
-            return 0
         if not self._settled:
             self.skipping = False
             return k_max
@@ -438,8 +440,8 @@ class Goodput(KPolicy):
                 raise ValueError("no compiled K to choose from")
             if ks != self.ks:
                 self._reset(ks, max(self.rows, len(proposal_counts)), None)
-        self.offered = sum(1 for n in proposal_counts if n) / max(len(proposal_counts), 1)
-        if not self.offered:  # every K returns one token per row: the cheapest wins
+        if not any(proposal_counts):  # every K returns one token per row: the cheapest wins
+            self.offered = 0.0
             if self.skipping:  # no proposal before the next peek: no reason to hold a larger shape
                 return self.ks[0]
             if self._cheapest is None:
@@ -450,6 +452,7 @@ class Goodput(KPolicy):
                 stay = [self.costs.last_k] if self.costs.last_k in self.ks else []
                 self._cheapest = min([self.ks[0], *stay], key=lambda k: (self.costs.detour_cost(k, back), k))
             return self._cheapest
+        self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
         weights = self.row_weights()
         key = (tuple(proposal_counts), self.costs.last_k, self.requests, None if weights is None else tuple(weights))
         decided = self._decided.get(key)

@@ -361,6 +361,25 @@ def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_pee
     assert [policy.propose_budget(7, context()) for _ in range(5)] == [0] * 5 and len(priced) == 4
 
 
+def test_goodput_while_skipping_reads_the_batch_only_at_peeks():
+    # Between peeks a skipping policy answers 0 and leaves its view of the batch as it was (a
+    # step then costs a counter); the peek takes the batch as it is then: the requests that left
+    # are forgotten and the tokens left are the peek step's.
+    policy = goodput({0: 1.0, 2: 1.6, 4: 2.1, 7: 3.0}, rows=2)
+    for _ in range(2 * DEFAULTS.evidence):
+        policy.propose_budget(7, StepContext((100, 100), 0, 2, (1, 2)))
+        scored_by_request(policy, [{1: (1, 0), 2: (1, 0)}])
+    assert policy.skipping
+    policy.since_peek = policy.peek_every - 1  # the next step is a peek: it reads the batch
+    assert policy.propose_budget(7, StepContext((90, 90), 0, 2, (1, 2))) == 7 and policy.skipping
+    policy.peek_every = 5
+    between = [policy.propose_budget(7, StepContext((50 - i, 40), 0, 2, (3, 4))) for i in range(4)]
+    assert between == [0] * 4
+    assert policy.left == (90, 90) and policy.requests == (1, 2) and set(policy.acceptance.by_request) == {1, 2}
+    assert policy.propose_budget(7, StepContext((30, 20), 0, 2, (3, 4))) == 7  # the peek
+    assert policy.left == (30, 20) and policy.requests == (3, 4) and not policy.acceptance.by_request
+
+
 def scored_by_request(policy, outcomes, k=0):
     """One step per entry of ``outcomes``: {request: (checked, matched)} scored at that step."""
     for scored in outcomes:

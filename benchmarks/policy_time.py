@@ -1,0 +1,89 @@
+"""A K policy's own time per decode step, measured inside bench-style generations.
+
+Driven alone, a policy's methods run with warm caches; inside a generation every call follows a
+verify run that pushed its code and data out, and costs several times more (round 3 of issue
+23: 21 µs a step alone against 63 µs inside). So this times the policy where it runs: each
+call the generator makes to the policy (``propose_budget``, ``choose_k``, ``observe``) is wrapped
+with ``time.perf_counter`` during interleaved runs of the given modes, as ``spdflow bench``
+makes them (same warm-up, same rotating order). Per mode it prints, as medians over repeats,
+µs per step of each method and their sum, the step's host time (outside verify and proposer)
+and tok/s, and whether every run's tokens equal no-spec's. The wrapping adds well under a µs
+a call; compare modes of one run, not figures of two runs.
+
+    python benchmarks/policy_time.py recipes/tinycode_varK.yaml --batch 1 --repeats 5 \\
+        --modes fixed:2,goodput,smallest_covering --set workload.count=16 \\
+        --set 'proposer={uses: synthetic, with: {acceptance_rate: 0.05}}'
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+METHODS = ("propose_budget", "choose_k", "observe")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--modes", default="fixed,goodput,smallest_covering",
+                        help="bench modes (spdflow bench --modes), comma-separated")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+
+    import spdflow.engine.generate as generate
+    from spdflow.bench import BatchBench, resolve_modes, run_order
+    from spdflow.engine.run import NullUI
+    from spdflow.plugins import get_plugin_manager
+    from spdflow.recipe.loader import load_recipe
+
+    spent: dict[str, float] = defaultdict(float)
+    call_policy = generate.Generator._call_policy
+
+    def timed(self, method, *call_args):
+        started = time.perf_counter()
+        try:
+            return call_policy(self, method, *call_args)
+        finally:
+            spent[method] += time.perf_counter() - started
+
+    generate.Generator._call_policy = timed
+    pm = get_plugin_manager()
+    loaded = load_recipe(args.recipe, pm, args.overrides)
+    modes = {m.row: m for m in resolve_modes(pm, args.modes.split(","), loaded.recipe)}
+    bench = BatchBench(pm, loaded, args.batch, NullUI())
+    bench.open()
+    per_mode: dict[str, list[dict]] = defaultdict(list)
+    try:
+        bench.warm_up()
+        baseline = {i: t.tolist() for i, t in bench.baseline.items()}
+        for repeat, row in run_order(list(modes), args.repeats):
+            before = dict(spent)
+            run = bench.run(modes[row], repeat)
+            steps = [r for r in run.records if r.get("kind") == "step"]
+            n = max(len(steps), 1)
+            figures = {m: (spent[m] - before.get(m, 0.0)) / n * 1e6 for m in METHODS}
+            figures["policy"] = sum(figures[m] for m in METHODS)
+            figures["host"] = statistics.median(float(r["host_s"]) for r in steps) * 1e6 if steps else 0.0
+            figures["tok/s"] = run.metrics.e2e_tokens_per_s
+            figures["same"] = run.tokens == baseline
+            per_mode[row].append(figures)
+            print(f"  repeat {repeat} {row}: policy {figures['policy']:.1f} µs/step", file=sys.stderr, flush=True)
+    finally:
+        bench.close()
+    print(f"batch {args.batch}, {args.repeats} repeats; µs per step, medians over repeats")
+    print("| mode | " + " | ".join(METHODS) + " | policy | host (median step) | tok/s | tokens = no-spec |")
+    print("|---" * (len(METHODS) + 5) + "|")
+    for row, runs in per_mode.items():
+        cells = [f"{statistics.median(r[m] for r in runs):.1f}" for m in (*METHODS, "policy", "host")]
+        same = "yes" if all(r["same"] for r in runs) else "**no**"
+        print(f"| {row} | " + " | ".join(cells) + f" | {statistics.median(r['tok/s'] for r in runs):.0f} | {same} |")
+    return 0 if all(r["same"] for runs in per_mode.values() for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
