@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -126,12 +127,45 @@ def test_the_paired_verdict_takes_the_median_of_the_ratios_within_each_repeat(ta
             for r in ROWS if r["batch_size"] == 1]
     lines, reached = tables.batch_table(rows, ["goodput", "smallest_covering"])
     text = "\n".join(lines)
-    assert "| goodput | 150 (155–157) | 0.938 | **not reached** | 0.988 (0.963–0.989) | reached |" in text
+    # (three repeats are too few for a 90 % interval of the median: "—")
+    assert "| goodput | 150 (155–157) | 0.938 | **not reached** | 0.988 (0.963–0.989) | reached | — |" in text
     assert reached["goodput"] is False and reached["paired"] == {"goodput": True, "smallest_covering": False}
+    assert reached["paired_ci"] == {"goodput": None, "smallest_covering": None}
     (tmp_path / "code.json").write_text(json.dumps(rows))
     text = tables.render(tmp_path, ["code"], ["goodput", "smallest_covering"], {})
-    assert "| workload | goodput: below 0.97, measured | goodput: paired | goodput: priced |" in text
-    assert "| code | 1 | none | — | 1 | 1 | — |" in text
+    assert ("| workload | goodput: below 0.97, measured | goodput: paired | goodput: paired 90% CI wholly below "
+            "| goodput: priced |") in text
+    assert "| code | 1 | none | — | — | 1 | 1 | — | — |" in text
+
+
+def test_the_median_interval_takes_the_order_statistics_that_cover_the_level(tables):
+    # 1 - 2 P(Bin(n, 1/2) < j): n = 7 covers 98.4 % with the extremes and 87.5 % with the 2nd
+    # values, so at 90 % the interval is the whole range; n = 11 covers 93.5 % from the 3rd value.
+    assert tables.median_interval([5, 1, 4, 2, 3, 7, 6]) == (1, 7)
+    assert tables.median_interval(list(range(11, 0, -1))) == (3, 9)
+    assert tables.median_interval([1, 2, 3, 4]) is None  # the extremes of 4 cover 87.5 %
+    assert tables.median_interval([1, 2, 3, 4], level=0.8) == (1, 4)
+
+
+def test_a_paired_miss_is_settled_only_when_the_whole_interval_is_below_the_line(tables, tmp_path):
+    # Eleven repeats. goodput's ratio to fixed K = 4 has a median of 0.96 (a paired miss), but
+    # its interval (3rd to 9th value) reaches 0.99: not settled. smallest_covering's ratios all
+    # lie at or below 0.95: a settled miss.
+    goodput = [0.90, 0.92, 0.94, 0.95, 0.955, 0.96, 0.97, 0.98, 0.99, 1.0, 1.02]
+    covering = [0.90, 0.91, 0.92, 0.93, 0.93, 0.94, 0.94, 0.945, 0.95, 0.95, 0.95]
+    fixed4 = [160.0] * 11
+    by_repeat = {"nospec": [100.0] * 11, "fixed:2": [150.0] * 11, "fixed:4": fixed4,
+                 "varK:goodput": [160 * r for r in goodput], "varK:smallest_covering": [160 * r for r in covering]}
+    rows = [dict(r, tokens_per_s=statistics.median(by_repeat[r["mode"]]), tokens_per_s_by_repeat=by_repeat[r["mode"]])
+            for r in ROWS if r["batch_size"] == 1]
+    lines, reached = tables.batch_table(rows, ["goodput", "smallest_covering"])
+    assert reached["paired"] == {"goodput": False, "smallest_covering": False}
+    assert reached["paired_ci"] == {"goodput": True, "smallest_covering": False}
+    assert any(line.startswith("| goodput |") and "| 0.940–0.990 |" in line for line in lines)
+    assert any(line.startswith("| smallest_covering |") and "| **0.920–0.950** |" in line for line in lines)
+    (tmp_path / "code.json").write_text(json.dumps(rows))
+    text = tables.render(tmp_path, ["code"], ["goodput", "smallest_covering"], {})
+    assert "| code | 1 | 1 | none | — | 1 | 1 | 1 | — |" in text
 
 
 def test_the_paired_verdict_refuses_repeats_it_cannot_pair(tables):

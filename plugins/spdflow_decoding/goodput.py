@@ -291,10 +291,12 @@ class Goodput(KPolicy):
 
     Its own time: once the estimate is settled, observed steps are counted into the estimates
     every ``reprice_every`` steps (and before the budget is re-priced), and ``choose_k`` reuses
-    a decision for the same proposals, last K and requests until then. At 1 ms steps (batch 1,
-    code) the policy took 63 us a step in a generation when it did all of it every step (3-4x
-    what it takes driven alone: caches are cold after each verify run), and 31-36 us so;
-    smallest_covering takes 7-8. ["Issue 23, round 3".]
+    a decision for the same proposals, last K and requests until then; while the proposer is
+    skipped, a step between peeks reads nothing and only counts toward the next peek. At 1 ms
+    steps (batch 1, code) the policy took 63 us a step in a generation when it did all of it
+    every step (3-4x what it takes driven alone: caches are cold after each verify run), and
+    31-36 us so; smallest_covering takes 7-8. ["Issue 23, round 3"; the skipping steps:
+    "Issue 23, round 6".]
 
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
