@@ -1,0 +1,28 @@
+"""benchmarks/policy_time.py: a policy's own time per step, timed inside bench-style runs."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("policy_time", REPO / "benchmarks" / "policy_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rc = module.main([str(REPO / "recipes" / "tinycode_varK.yaml"), "--batch", "1", "--repeats", "1",
+                      "--modes", "nospec,fixed,goodput", "--set", f"output={tmp_path / 'run'}",
+                      "--set", "workload.count=2", "--set", "workload.max_new_tokens=16"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
+    assert set(rows) == {"nospec", "fixed", "varK:goodput"}
+    assert float(rows["nospec"][3]) == 0.0  # no proposer: the policy is never called
+    for row in ("fixed", "varK:goodput"):
+        propose_budget, choose_k, observe, policy = map(float, rows[row][:4])
+        assert min(propose_budget, choose_k, observe) > 0
+        assert abs(policy - (propose_budget + choose_k + observe)) < 0.2  # (each figure rounded to 0.1)
+        assert rows[row][-1] == "yes"  # tokens equal no-spec's
