@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import spdflow.engine.generate as generate
-    from spdflow.bench import BatchBench, resolve_modes, run_order
+    from spdflow.bench import BatchBench, reference_tokens, resolve_modes, run_order
     from spdflow.engine.run import NullUI
     from spdflow.plugins import get_plugin_manager
     from spdflow.recipe.loader import load_recipe
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     per_mode: dict[str, list[dict]] = defaultdict(list)
     try:
         bench.warm_up()
-        baseline = {i: t.tolist() for i, t in bench.baseline.items()}
+        baseline = reference_tokens(bench)
         for repeat, row in run_order(list(modes), args.repeats):
             before = dict(spent)
             run = bench.run(modes[row], repeat)
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  repeat {repeat} {row}: policy {figures['policy']:.1f} µs/step", file=sys.stderr, flush=True)
     finally:
         bench.close()
+        generate.Generator._call_policy = call_policy  # the wrapping ends with this run
     print(f"batch {args.batch}, {args.repeats} repeats; µs per step, medians over repeats")
     print("| mode | " + " | ".join(METHODS) + " | policy | host (median step) | tok/s | tokens = no-spec |")
     print("|---" * (len(METHODS) + 5) + "|")

@@ -17,6 +17,8 @@ def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp
                       "--set", "workload.count=2", "--set", "workload.max_new_tokens=16"])
     out = capsys.readouterr().out
     assert rc == 0, out
+    from spdflow.engine.generate import Generator
+    assert "timed" not in Generator._call_policy.__qualname__  # the wrapping does not outlive the run
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
             for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"nospec", "fixed", "varK:goodput"}
