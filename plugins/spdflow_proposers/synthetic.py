@@ -8,6 +8,17 @@ the reference with probability ``acceptance_rate`` (else a uniformly drawn other
 greedy verification keeps the output exact while the accepted lengths follow the configured
 rates: a step keeps j tokens with probability a^j (1 - a).
 
+The draws belong to positions, not to calls: for each request, position p of its continuation
+has one uniform draw (is the proposed token right?), one wrong token and, with
+``proposal_rate`` < 1, one draw for whether a step starting at p proposes. A proposal for
+positions p..p+k-1 reads those, so what a step accepts depends only on where it starts and on
+K, never on how many tokens earlier calls asked for. Two runs of one workload that verify the
+same K from the same position therefore see the same outcome (common random numbers): a K
+policy compared with fixed K is not also compared with a different draw of luck. (Until 27 Nov
+each call drew ``k_max`` values from the request's stream, so a policy drafting 7 tokens and
+verifying 2 walked another random path than fixed K=2: at batch 8, acceptance 0.6, one such
+path took 142 steps where fixed K=2's took 137.)
+
 At temperature > 0 the generated text leaves the greedy reference and proposals are rejected
 more often than configured; use it with greedy workloads.
 """
@@ -50,18 +61,16 @@ class SyntheticProposer(Proposer):
         self.reference_output = reference_output
         self.vocab_size = vocab_size
         self.may_propose_nothing = config.proposal_rate < 1.0
-        self.rngs: dict[int, np.random.Generator] = {}
-        self.references: dict[int, np.ndarray] = {}
+        #: per slot: (reference, right[p], proposal[p] if every token were drawn, proposes[p] or None)
+        self.draws: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
     def add_request(self, slot: int, request: Request) -> None:
-        # The slot's generator is made at its first proposal (making one costs a fraction of a ms), seeded
-        # by the request, not the slot, so a request's proposals do not depend on its batch.
-        self.rngs.pop(slot, None)
-        self.references.pop(slot, None)
+        # The slot's draws are made at its first proposal (a fraction of a ms), seeded by the
+        # request, not the slot, so a request's proposals do not depend on its batch.
+        self.draws.pop(slot, None)
 
     def remove_request(self, slot: int) -> None:
-        self.rngs.pop(slot, None)
-        self.references.pop(slot, None)
+        self.draws.pop(slot, None)
 
     def propose(self, inputs: Sequence[ProposeInput]) -> list[Proposal]:
         return [self._propose_one(item) for item in inputs]
@@ -69,28 +78,26 @@ class SyntheticProposer(Proposer):
     def _propose_one(self, item: ProposeInput) -> Proposal:
         if item.k_max <= 0 or self.config.proposal_rate <= 0:
             return Proposal.empty()
-        rng = self.rngs.get(item.slot)
-        if rng is None:
-            rng = self.rngs[item.slot] = np.random.default_rng([self.config.seed, item.request_index])
-        if self.config.proposal_rate < 1.0 and rng.random() >= self.config.proposal_rate:
-            return Proposal.empty()
-        reference = self._reference(item)
+        reference, right, drafted, proposes = self._draws(item)
         position = len(item.tokens) - item.num_prompt_tokens  # next generated index
-        truth = reference[position : position + item.k_max]
-        if len(truth) == 0:
+        if position >= len(reference) or (proposes is not None and not proposes[position]):
             return Proposal.empty()
-        right = rng.random(len(truth)) < self.config.acceptance_rate
-        # A wrong token: uniform over the other V-1 ids (shift past the true id).
-        wrong = rng.integers(0, self.vocab_size - 1, size=len(truth))
-        wrong = wrong + (wrong >= truth)
-        return Proposal(np.where(right, truth, wrong).astype(np.int64))
+        return Proposal(drafted[position : position + item.k_max].copy())
 
-    def _reference(self, item: ProposeInput) -> np.ndarray:
-        reference = self.references.get(item.slot)
-        if reference is None:
+    def _draws(self, item: ProposeInput):
+        """The request's per-position draws (see the module docstring), made on first use."""
+        draws = self.draws.get(item.slot)
+        if draws is None:
             reference = np.asarray(self.reference_output(item.request_index), dtype=np.int64)
-            self.references[item.slot] = reference
-        return reference
+            rng = np.random.default_rng([self.config.seed, item.request_index])
+            n = len(reference)
+            right = rng.random(n) < self.config.acceptance_rate
+            # A wrong token: uniform over the other V-1 ids (shift past the true id).
+            wrong = rng.integers(0, self.vocab_size - 1, size=n)
+            wrong = wrong + (wrong >= reference)
+            proposes = rng.random(n) < self.config.proposal_rate if self.config.proposal_rate < 1.0 else None
+            draws = self.draws[item.slot] = (reference, right, np.where(right, reference, wrong).astype(np.int64), proposes)
+        return draws
 
 
 def make_synthetic(config: SyntheticConfig, ctx) -> SyntheticProposer:

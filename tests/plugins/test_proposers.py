@@ -314,6 +314,28 @@ def test_synthetic_is_reproducible_per_request():
         assert pa.tolist() == pb.tolist()
 
 
+def test_synthetic_draws_belong_to_positions_not_to_calls():
+    """What a step at position p accepts depends on p and K only: a policy that drafts 7 tokens
+    and verifies 2, or skips the proposer on some steps, sees fixed K=2's outcomes (common random
+    numbers between the modes a bench compares)."""
+    rng = np.random.default_rng(5)
+    reference = {2: rng.integers(0, V, 60)}
+    short = _synthetic(reference, acceptance_rate=0.5, seed=4)
+    long = _synthetic(reference, acceptance_rate=0.5, seed=4)
+    short.add_request(0, _request(2, [1]))
+    long.add_request(0, _request(2, [1]))
+    for g in range(1, 50):
+        tokens = [1] + reference[2][:g].tolist()
+        drafted_2 = short.propose([_input(tokens, 1, 2, slot=0, index=2)])[0].tokens
+        if g % 3:  # the other proposer is not asked at every position (a policy skipping it)
+            drafted_7 = long.propose([_input(tokens, 1, 7, slot=0, index=2)])[0].tokens
+            assert drafted_7[:2].tolist() == drafted_2.tolist()
+    # and the draws are not the same at every position: the right/wrong pattern varies
+    full = long.propose([_input([1] + reference[2][:1].tolist(), 1, 40, slot=0, index=2)])[0].tokens
+    right = full == reference[2][1:41]
+    assert 0 < right.sum() < len(right)
+
+
 # ---------------------------------------------------------------------------- properties
 
 
