@@ -358,3 +358,31 @@ def test_a_recorded_schedule_is_priced_like_an_oracle_step_not_by_its_own_timing
     # host and proposer times (a lucky quiet moment, or a slow one) do not enter
     assert priced_decode_s(steps, prices) == pytest.approx(1.5 + 1.5 + 1.0 + 2.0 + 3 * 0.25)
     assert AFTER_PREFILL not in prices.step
+
+
+def test_the_oracle_sees_the_synthetic_proposer_the_run_saw():
+    """The synthetic proposer's draws belong to positions, so the oracle's one-token-at-a-time
+    pass finds the same matches for every budget: a proposal of 2 there is the proposal of 7 cut
+    to 2 (before 27 Nov each call drew from the request's stream, and the oracle's pass, with
+    another call pattern than the run's, priced different luck)."""
+    from spdflow.api import Request
+    from spdflow.oracle import match_lengths
+    from spdflow_proposers import SyntheticConfig
+    from spdflow_proposers.synthetic import make_synthetic
+
+    rng = np.random.default_rng(11)
+    outputs = {i: rng.integers(0, 500, 80) for i in range(3)}
+
+    class Ctx:
+        reference_output = staticmethod(lambda i: outputs[i])
+
+        class target:
+            vocab_size = 500
+
+    proposer = make_synthetic(SyntheticConfig(acceptance_rate=0.6, seed=2), Ctx())
+    requests = [Request(i, "", rng.integers(0, 500, 12), max_new_tokens=80, seed=0) for i in range(3)]
+    m, _, calls = match_lengths(get_plugin_manager(), requests, outputs, proposer, [2, 7], ctx_len=256)
+    assert calls > 0
+    for r in requests:
+        two, seven = m[r.index][2], m[r.index][7]
+        assert 0 < (seven > 2).sum() and (two == np.minimum(seven, 2))[1:70].all()
