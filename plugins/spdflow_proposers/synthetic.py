@@ -61,8 +61,8 @@ class SyntheticProposer(Proposer):
         self.reference_output = reference_output
         self.vocab_size = vocab_size
         self.may_propose_nothing = config.proposal_rate < 1.0
-        #: per slot: (reference, right[p], proposal[p] if every token were drawn, proposes[p] or None)
-        self.draws: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        #: per slot: (the token proposed at each position, whether a step starting there proposes or None)
+        self.draws: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def add_request(self, slot: int, request: Request) -> None:
         # The slot's draws are made at its first proposal (a fraction of a ms), seeded by the
@@ -78,9 +78,9 @@ class SyntheticProposer(Proposer):
     def _propose_one(self, item: ProposeInput) -> Proposal:
         if item.k_max <= 0 or self.config.proposal_rate <= 0:
             return Proposal.empty()
-        reference, right, drafted, proposes = self._draws(item)
+        drafted, proposes = self._draws(item)
         position = len(item.tokens) - item.num_prompt_tokens  # next generated index
-        if position >= len(reference) or (proposes is not None and not proposes[position]):
+        if position >= len(drafted) or (proposes is not None and not proposes[position]):
             return Proposal.empty()
         return Proposal(drafted[position : position + item.k_max].copy())
 
@@ -96,7 +96,7 @@ class SyntheticProposer(Proposer):
             wrong = rng.integers(0, self.vocab_size - 1, size=n)
             wrong = wrong + (wrong >= reference)
             proposes = rng.random(n) < self.config.proposal_rate if self.config.proposal_rate < 1.0 else None
-            draws = self.draws[item.slot] = (reference, right, np.where(right, reference, wrong).astype(np.int64), proposes)
+            draws = self.draws[item.slot] = (np.where(right, reference, wrong).astype(np.int64), proposes)
         return draws
 
 
