@@ -368,18 +368,11 @@ def test_the_oracle_sees_the_synthetic_proposer_the_run_saw():
     from spdflow.api import Request
     from spdflow.oracle import match_lengths
     from spdflow_proposers import SyntheticConfig
-    from spdflow_proposers.synthetic import make_synthetic
+    from spdflow_proposers.synthetic import SyntheticProposer
 
     rng = np.random.default_rng(11)
     outputs = {i: rng.integers(0, 500, 80) for i in range(3)}
-
-    class Ctx:
-        reference_output = staticmethod(lambda i: outputs[i])
-
-        class target:
-            vocab_size = 500
-
-    proposer = make_synthetic(SyntheticConfig(acceptance_rate=0.6, seed=2), Ctx())
+    proposer = SyntheticProposer(SyntheticConfig(acceptance_rate=0.6, seed=2), outputs.__getitem__, vocab_size=500)
     requests = [Request(i, "", rng.integers(0, 500, 12), max_new_tokens=80, seed=0) for i in range(3)]
     m, _, calls = match_lengths(get_plugin_manager(), requests, outputs, proposer, [2, 7], ctx_len=256)
     assert calls > 0
