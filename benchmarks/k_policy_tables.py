@@ -14,11 +14,21 @@ tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) ge
     python benchmarks/k_policy_tables.py --repeats 3                       # embedded-model workloads
     python benchmarks/k_policy_tables.py --repeats 3 --policies guarded \\
         --update-readme benchmarks/README.md                               # re-run, README section replaced
+    python benchmarks/k_policy_tables.py --repeats 5 --processes 3       # 3 benches per workload, pooled
     python benchmarks/k_policy_tables.py --render-only --out DIR          # tables again from DIR's JSON
 
 Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
 ratios inside one table are measured side by side; tables of different workloads ran at
 different times: compare their ratios, not their absolute tokens/s.
+
+Repeats within one bench process are not independent: a second process of the same bench moves
+the paired ratio by more than one process's 90 % interval. ``--processes N`` (N > 1) therefore
+runs N rounds, each running every workload's bench once (so a workload's processes are spread in
+time, round-robin across the workloads), into ``<workload>.p<p>.json`` (``.p<p>.md``, ``.p<p>.log``);
+``runs.json`` has one record per workload and process. The tables pool a workload's processes
+when ``<workload>.json`` is absent (:func:`pool_rows`): every repeat of every process in the medians
+and the paired interval, pairs kept within a process, and each process's own paired median
+beside them. With one process (the default) the files are ``<workload>.json`` etc. as before.
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -113,20 +124,56 @@ def bench_command(workload: Workload, policies: list[str], repeats: int, count: 
     return command
 
 
-def run_workload(workload: Workload, policies: list[str], args, out: Path) -> dict:
-    """One bench; returns its record (command, load before/after, seconds, exit code)."""
-    json_path = out / f"{workload.name}.json"
+def result_stem(name: str, process: int, processes: int) -> str:
+    """The file name (without suffix) of a workload's bench: ``<name>`` with one process, as before
+    ``--processes`` existed, and ``<name>.p<process>`` with several."""
+    return name if processes == 1 else f"{name}.p{process}"
+
+
+def plan(names: Sequence[str], processes: int) -> list[tuple[str, int]]:
+    """The (workload, process) benches in the order they run: round p runs every workload once, so
+    a workload's processes lie apart in time and a slow spell of the machine hits several workloads'
+    single processes rather than all of one workload's."""
+    return [(name, process) for process in range(1, processes + 1) for name in names]
+
+
+def clear_previous(out: Path, name: str, processes: int, records: dict) -> None:
+    """Before a workload's first bench: remove its earlier results that this run will not overwrite,
+    and their run records, so the tables never pool a stale process with new ones, nor prefer an
+    earlier run's ``<name>.json`` to new processes (rendering takes ``<name>.json`` first). With one
+    process ``<name>.json`` and its record are overwritten in place, as before."""
+    pattern = re.compile(re.escape(name) + r"(\.p\d+)" + ("?" if processes > 1 else "") + r"\.(json|md|log)")
+    for path in out.iterdir():
+        if pattern.fullmatch(path.name):
+            path.unlink()
+    for key in [k for k in records if k[0] == name and (processes > 1 or k[1] is not None)]:
+        del records[key]
+
+
+def run_workload(workload: Workload, policies: list[str], args, out: Path, process: int = 1) -> dict:
+    """One bench (process ``process`` of ``args.processes``, :func:`result_stem` names its files);
+    returns its record (command, load before/after, seconds, exit code; with several processes, the
+    process number)."""
+    stem = result_stem(workload.name, process, args.processes)
+    json_path = out / f"{stem}.json"
     command = bench_command(workload, policies, args.repeats, args.count, json_path, args.batch_sizes, args.overrides)
     shown = [c if c != sys.executable else "python" for c in command]
     shown = [_relative(c) for c in shown]
-    record = {"workload": workload.name, "command": " ".join(_quote(c) for c in shown), "uptime_before": uptime()}
-    print(f"== {workload.name}: {record['command']}", file=sys.stderr, flush=True)
+    record = {"workload": workload.name, **({"process": process} if args.processes > 1 else {}),
+              "command": " ".join(_quote(c) for c in shown), "uptime_before": uptime()}
+    print(f"== {stem}: {record['command']}", file=sys.stderr, flush=True)
     start = time.monotonic()
-    with open(out / f"{workload.name}.md", "w") as stdout, open(out / f"{workload.name}.log", "w") as stderr:
+    with open(out / f"{stem}.md", "w") as stdout, open(out / f"{stem}.log", "w") as stderr:
         code = subprocess.run(command, cwd=REPO, stdout=stdout, stderr=stderr).returncode
     record.update(seconds=round(time.monotonic() - start, 1), uptime_after=uptime(), exit_code=code)
-    print(f"   {workload.name}: exit {code} after {record['seconds']} s; {record['uptime_after']}", file=sys.stderr, flush=True)
+    print(f"   {stem}: exit {code} after {record['seconds']} s; {record['uptime_after']}", file=sys.stderr, flush=True)
     return record
+
+
+def load_records(path: Path) -> dict[tuple[str, int | None], dict]:
+    """``runs.json``'s records by (workload, process); a record of one process has no process number
+    (as every record of a directory from before ``--processes``): ``None``."""
+    return {(r["workload"], r.get("process")): r for r in json.loads(path.read_text())} if path.exists() else {}
 
 
 def _relative(text: str) -> str:
@@ -160,20 +207,36 @@ def _spread(row: dict) -> str:
     return f"{_fmt(row.get('tokens_per_s'))} ({_fmt(row.get('tokens_per_s_min'))}–{_fmt(row.get('tokens_per_s_max'))})"
 
 
-def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[str, bool | None]]:
-    """The markdown lines of one workload × batch table, and per policy whether it reached the line."""
+def static_rows(rows: list[dict]) -> tuple[dict | None, list[dict], dict | None]:
+    """One batch's no-spec row, its fixed-K rows by K, and the best fixed K's (highest median tok/s)."""
     nospec = next((r for r in rows if r.get("role") == "baseline" or r.get("mode") == "nospec"), None)
     fixed = sorted((r for r in rows if str(r.get("mode", "")).startswith("fixed:")), key=lambda r: r.get("fixed_k") or 0)
     best = max(fixed, key=lambda r: r.get("tokens_per_s") or 0, default=None)
+    return nospec, fixed, best
+
+
+def reference_row(rows: list[dict]) -> dict | None:
+    """The static choice of the measured verdict, for the paired one (its repeats beside the
+    policy's): the faster of no-spec and the best fixed K by median tok/s. :func:`pool_rows` pairs
+    each process against the same one, so the per-process figures and the table agree."""
+    nospec, _, best = static_rows(rows)
+    return max([r for r in [nospec, best] if r is not None], key=lambda r: r.get("tokens_per_s") or 0, default=None)
+
+
+def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[str, bool | None]]:
+    """The markdown lines of one workload × batch table, and per policy whether it reached the line."""
+    nospec, fixed, best = static_rows(rows)
     static = max([r.get("tokens_per_s") or 0 for r in [nospec, best] if r is not None], default=0)
     has_oracle = any(_first(r, "oracle_tokens_per_s") is not None for r in rows)
     has_efficiency = any(_first(r, "policy_efficiency", "efficiency") is not None for r in rows)
     has_regret = any(_first(r, "regret_vs_best_static") is not None for r in rows)
-    # The static choice of the measured verdict, for the paired one: its repeats beside the policy's.
-    reference = max([r for r in [nospec, best] if r is not None], key=lambda r: r.get("tokens_per_s") or 0, default=None)
+    reference = reference_row(rows)
     has_paired = reference is not None and bool(reference.get("tokens_per_s_by_repeat"))
+    # pooled rows (several processes): each policy's paired median per process, to show their spread
+    by_process = has_paired and any("paired_by_process" in r for r in rows)
     header = ["mode", "tok/s (min–max)", "÷ max(no-spec, best fixed)", f"≥ {LINE}"]
-    header += ["paired ÷ (q1–q3)", f"paired ≥ {LINE}", f"paired {CI_LEVEL:.0%} CI"] * has_paired + ["AL"]
+    header += ["paired ÷ (q1–q3)", f"paired ≥ {LINE}", f"paired {CI_LEVEL:.0%} CI"] * has_paired
+    header += ["paired per process"] * by_process + ["AL"]
     header += ["oracle tok/s (priced)"] * has_oracle + ["efficiency"] * has_efficiency + ["regret (priced)"] * has_regret
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     reached: dict[str, bool | None] = {}
@@ -205,6 +268,9 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
             cells.append(mark_of(paired_reached[label]) if mark else "—")
             shown_interval = "—" if interval is None else f"{interval[0]:.3f}–{interval[1]:.3f}"
             cells.append(f"**{shown_interval}**" if mark and not_below[label] is False else shown_interval)
+        if by_process:
+            medians = row.get("paired_by_process") or []
+            cells.append(", ".join(_fmt(m, ".3f") for m in medians) if mark and medians else "—")
         cells.append(_fmt(row.get("al"), ".2f"))
         oracle = _fmt(_first(row, "oracle_tokens_per_s"))
         cells += [oracle + ("*" if row.get("oracle_exact") is False else "")] * has_oracle
@@ -220,7 +286,7 @@ def batch_table(rows: list[dict], policies: list[str]) -> tuple[list[str], dict[
         row = next((r for r in rows if r.get("mode") in (f"varK:{policy}", policy)), None)
         if row is None:
             lines.append(f"| {policy} | not in the bench rows | — | — | — |"
-                         + " — |" * (3 * has_paired + has_oracle + has_efficiency + has_regret))
+                         + " — |" * (3 * has_paired + by_process + has_oracle + has_efficiency + has_regret))
             reached[policy] = None
             if has_paired:
                 paired_reached[policy] = not_below[policy] = None
@@ -238,11 +304,81 @@ def paired_ratios(row: dict, reference: dict) -> list[float]:
     """Per repeat, the row's tok/s over the reference's in the same repeat. A bench runs every
     mode once per repeat, back to back in a rotated order, so a ratio within a repeat leaves
     out the drift of the machine between repeats that a ratio of two medians keeps. Lists of
-    different lengths cannot be paired by position: no ratios (no paired verdict)."""
-    mine, theirs = row.get("tokens_per_s_by_repeat") or [], reference.get("tokens_per_s_by_repeat") or []
+    different lengths cannot be paired by position: no ratios (no paired verdict). Pooled rows
+    (:func:`pool_rows`) concatenate their processes' repeats, so each process's count must agree
+    too, or a pair could straddle two processes."""
+    if _shape(row) != _shape(reference):
+        return []
+    return _pair(row.get("tokens_per_s_by_repeat") or [], reference.get("tokens_per_s_by_repeat") or [])
+
+
+def _shape(row: dict) -> list[int]:
+    """The number of repeats of each process of a pooled row; [] for one bench's row."""
+    return [len(values) for values in row.get("tokens_per_s_by_process") or []]
+
+
+def _pair(mine: Sequence[float], theirs: Sequence[float]) -> list[float]:
+    """Position by position, mine ÷ theirs; none when the lengths differ (the pairing is unknown)."""
     if len(mine) != len(theirs):
         return []
     return [a / b for a, b in zip(mine, theirs) if a and b]
+
+
+def merge_values(key: str, values: list):
+    """One field of a mode's row over the processes: a value they all agree on as it is; a flag
+    (``identical_to_nospec``, ``oracle_exact``) False when any process says False (each process must
+    make the claim); a ``*_min`` / ``*_max`` the min / max; another number (AL, acceptance rate, the
+    oracle's and priced figures: each process's estimate) their median; anything else (the oracle's
+    details, the K histogram) the first process's."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    if any(isinstance(v, bool) for v in values):
+        return False if any(v is False for v in values) else values[0]
+    numbers = [v for v in values if v is not None]
+    if numbers and all(isinstance(v, (int, float)) for v in numbers):
+        return min(numbers) if key.endswith("_min") else max(numbers) if key.endswith("_max") else statistics.median(numbers)
+    return values[0]
+
+
+def pool_rows(by_process: Sequence[list[dict]]) -> list[dict]:
+    """Several processes' rows of one workload as one row per (mode, batch size): the repeats
+    concatenated in process order (``tokens_per_s_by_repeat``; a process without the mode adds none
+    and leaves an empty list in ``tokens_per_s_by_process``, so :func:`paired_ratios` refuses to pair
+    across it), tok/s the median of all repeats with their min and max, ``repeats`` their number,
+    the other fields by :func:`merge_values`; ``processes`` the processes that had the row and
+    ``paired_by_process`` each process's own paired median against the table's reference."""
+    keys = list(dict.fromkeys((r.get("mode"), r.get("batch_size")) for rows in by_process for r in rows))
+    pooled = []
+    for key in keys:
+        found = [next((r for r in rows if (r.get("mode"), r.get("batch_size")) == key), None) for rows in by_process]
+        present = [r for r in found if r is not None]
+        row = {k: merge_values(k, [r[k] for r in present if k in r]) for k in dict.fromkeys(k for r in present for k in r)}
+        each = [list((r or {}).get("tokens_per_s_by_repeat") or []) for r in found]
+        repeats = [v for values in each for v in values]
+        row.update(processes=len(present), tokens_per_s_by_process=each, tokens_per_s_by_repeat=repeats)
+        if repeats:
+            row.update(tokens_per_s=statistics.median(repeats), tokens_per_s_min=min(repeats),
+                       tokens_per_s_max=max(repeats), repeats=len(repeats))
+        elif "repeats" in row:  # rows without each repeat: their medians' median, but every repeat counted
+            row["repeats"] = sum(r.get("repeats") or 0 for r in present)
+        pooled.append(row)
+    for batch in dict.fromkeys(r.get("batch_size") for r in pooled):
+        mine = [r for r in pooled if r.get("batch_size") == batch]
+        reference = reference_row(mine)
+        for row in mine:
+            row["paired_by_process"] = process_medians(row, reference)
+    return pooled
+
+
+def process_medians(row: dict, reference: dict | None) -> list[float | None]:
+    """Per process of a pooled row, the median of its own paired ratios to ``reference`` (None where
+    that process cannot be paired)."""
+    theirs = (reference or {}).get("tokens_per_s_by_process") or []
+    medians = []
+    for p, mine in enumerate(row.get("tokens_per_s_by_process") or []):
+        ratios = _pair(mine, theirs[p]) if p < len(theirs) else []
+        medians.append(statistics.median(ratios) if ratios else None)
+    return medians
 
 
 def median_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float] | None:
@@ -279,17 +415,28 @@ def priced_verdicts(rows: list[dict], policies: list[str]) -> dict[str, bool | N
     return out
 
 
-def workload_section(workload: Workload, rows: list[dict], policies: list[str], record: dict | None) -> tuple[list[str], dict]:
+def workload_section(workload: Workload, rows: list[dict], policies: list[str], record: dict | None,
+                     processes: Sequence[tuple[int, list[dict]]] = (), runs: Sequence[dict] = ()) -> tuple[list[str], dict]:
     """A workload's heading, its run facts and one table per batch size; and the verdicts
-    (per batch: the measured ones, and the priced ones under the key ``"priced"``)."""
+    (per batch: the measured ones, and the priced ones under the key ``"priced"``). ``record`` is
+    the run record of one bench; pooled rows come with ``processes`` (each process's number and own
+    rows) and ``runs`` (their records, by process)."""
     lines = [f"#### {workload.name}: {workload.about}", ""]
     if record:
-        lines += [f"`{record['command']}`  ", f"{record['seconds']} s; load before: {_load(record['uptime_before'])}, "
-                  f"after: {_load(record['uptime_after'])}" + ("" if record.get("exit_code") == 0 else
-                                                              f"; **bench exit code {record.get('exit_code')}**"), ""]
-    digests = sorted({r["prompts_sha256"][:12] for r in rows if r.get("prompts_sha256")})
+        lines += [f"`{record['command']}`  ", _run_facts(record), ""]
+    if runs:  # the processes' commands differ only by the .p<p> of their files
+        others = ", ".join(f".p{r['process']}" for r in runs[1:])
+        lines += [f"`{runs[0]['command']}` × {len(runs)} processes" + (f" (the same with {others})" if others else "")
+                  + ", round-robin with the other workloads:  ", *[f"p{r['process']}: {_run_facts(r)}  " for r in runs], ""]
+    by_process = [(p, sorted({r["prompts_sha256"] for r in mine if r.get("prompts_sha256")})) for p, mine in processes]
+    digests = sorted({r["prompts_sha256"][:12] for r in [*rows, *(r for _, mine in processes for r in mine)]
+                      if r.get("prompts_sha256")})
     if digests:
         lines += [f"prompts sha256 {', '.join(digests)}…", ""]
+    if any(found != by_process[0][1] for _, found in by_process):
+        lines += ["**the processes decoded different prompts (" + "; ".join(
+            f"p{p}: {', '.join(d[:12] for d in found) or 'no digest'}" for p, found in by_process)
+            + "): their repeats are pooled all the same, so these tables mix different prompt sets**", ""]
     verdicts = {}
     for batch in sorted({r["batch_size"] for r in rows}):
         mine = [r for r in rows if r["batch_size"] == batch]
@@ -298,6 +445,13 @@ def workload_section(workload: Workload, rows: list[dict], policies: list[str], 
         lines += [f"batch {batch}" + ("" if same else " — **some mode's tokens differ from no-spec**") + ":", "", *table, ""]
         verdicts[batch] = {**reached, "priced": priced_verdicts(mine, policies)}
     return lines, verdicts
+
+
+def _run_facts(record: dict) -> str:
+    """A bench's wall time, the load before and after it, and its exit code when not 0."""
+    return (f"{record['seconds']} s; load before: {_load(record['uptime_before'])}, after: "
+            f"{_load(record['uptime_after'])}" + ("" if record.get("exit_code") == 0 else
+                                                  f"; **bench exit code {record.get('exit_code')}**"))
 
 
 def _load(text: str) -> str:
@@ -336,29 +490,63 @@ def shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
 
 
-def render(out: Path, names: list[str], policies: list[str], records: dict[str, dict]) -> str:
-    """The markdown of every table, tuned-on workloads first, then the held-out ones."""
+def process_files(out: Path, name: str) -> list[tuple[int, Path]]:
+    """A workload's ``<name>.p<p>.json`` files in ``out``, by process number (p10 after p9)."""
+    pattern = re.compile(re.escape(name) + r"\.p(\d+)\.json")
+    found = [(int(m.group(1)), path) for path in out.glob(f"{name}.p*.json") if (m := pattern.fullmatch(path.name))]
+    return sorted(found)
+
+
+def render(out: Path, names: list[str], policies: list[str], records: dict[tuple[str, int | None], dict]) -> str:
+    """The markdown of every table, tuned-on workloads first, then the held-out ones. A workload's
+    rows are ``<name>.json``'s, or when it is absent its processes' pooled (:func:`pool_rows`);
+    ``records`` are ``runs.json``'s by (workload, process) (:func:`load_records`)."""
     sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
     verdicts: dict[str, dict] = {}
+    pooled: dict[str, int] = {}  # workload: its processes
     for name in names:
         workload = WORKLOADS[name]
         path = out / f"{name}.json"
-        if not path.exists():
+        parts = [] if path.exists() else process_files(out, name)
+        if parts:
+            processes = [(p, json.loads(part.read_text())) for p, part in parts]
+            runs = [r for (w, p), r in sorted(records.items(), key=lambda kv: kv[0][1] or 0) if w == name and p]
+            lines, verdicts[name] = workload_section(workload, pool_rows([rows for _, rows in processes]), policies,
+                                                     None, processes, runs)
+            pooled[name] = len(parts)
+        elif not path.exists():
             sections[workload.section] += [f"#### {name}: no results ({shown(path)} missing)", ""]
             continue
-        lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies, records.get(name))
+        else:
+            lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies,
+                                                     records.get((name, None)))
         sections[workload.section] += lines
     text = [f"Policies: {', '.join(policies)}. A cell reaches the line when the policy's median tok/s ≥ {LINE} × "
             "max(no-spec, best fixed K) of the same bench and batch size; paired: when the median over repeats of "
             f"its tok/s ÷ that static choice's in the same repeat is ≥ the line; paired {CI_LEVEL:.0%} CI: a "
             "distribution-free interval for that median (order statistics of the per-repeat ratios; none under 5 "
             "repeats), and a miss counts as settled when the whole interval is below the line.", "",
+            *pooled_note(pooled, names),
             "Batch sizes where a policy is below the line:", "", *summary_table(verdicts, policies), ""]
     for section, title in ((TUNED, "Tuned on (K-policy parameters were fitted on these kinds)"),
                            (HELD_OUT, "Held out (evaluation only: nothing was fitted on them)")):
         if sections[section]:
             text += [f"### {title}", "", *sections[section]]
     return "\n".join(text).rstrip() + "\n"
+
+
+def pooled_note(pooled: dict[str, int], names: list[str]) -> list[str]:
+    """The intro's paragraph on pooled processes (none when no workload was pooled)."""
+    if not pooled:
+        return []
+    counts = sorted(set(pooled.values()))
+    which = "every workload" if len(pooled) == len(names) else ", ".join(pooled)
+    number = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return [f"The repeats of {which} come from {number} bench processes (run round-robin across the workloads); "
+            "the medians, the paired figures and their interval pool them, pairing repeats only within a process, "
+            "and \"paired per process\" gives each process's own paired median. Repeats within one process are not "
+            "independent (a second process moves the paired ratio by more than one process's interval), so the "
+            "pooled interval is still optimistic.", ""]
 
 
 def update_readme(readme: Path, tables: str) -> None:
@@ -381,6 +569,10 @@ def parse_args(argv=None):
                         help=f"comma-separated, of: {', '.join(WORKLOADS)} (default: the embedded-model ones)")
     parser.add_argument("--policies", default="", help="K policies to run beside " + " and ".join(DEFAULT_POLICIES))
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per mode (interleaved; default 3)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="bench processes per workload, each with --repeats repeats (default 1). With N > 1: "
+                             "N rounds, each running every workload once, into <workload>.p<p>.json, and the tables "
+                             "pool the processes' repeats (repeats within one process are not independent)")
     parser.add_argument("--count", type=int, default=24, help="prompts per workload (default 24)")
     parser.add_argument("--batch-sizes", default=BATCH_SIZES,
                         help=f"comma-separated batch sizes of every bench (default {BATCH_SIZES}; e.g. 1,2,4 for the "
@@ -415,19 +607,25 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.count < 1:
         print("--repeats and --count must be at least 1", file=sys.stderr)
         return 2
+    if args.processes < 1:
+        print("--processes must be at least 1", file=sys.stderr)
+        return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.json"
-    records = {r["workload"]: r for r in json.loads(runs_path.read_text())} if runs_path.exists() else {}
+    records = load_records(runs_path)
     failed = []
     if not args.render_only:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        for name in names:
-            records[name] = run_workload(WORKLOADS[name], policies, args, out)
+        for name, process in plan(names, args.processes):
+            if process == 1:
+                clear_previous(out, name, args.processes, records)
+            key, stem = (name, process if args.processes > 1 else None), result_stem(name, process, args.processes)
+            records[key] = run_workload(WORKLOADS[name], policies, args, out, process)
             runs_path.write_text(json.dumps(list(records.values()), indent=1))
-            if records[name]["exit_code"] != 0:
-                failed.append(name)
-                print(f"   {name} failed: see {out / (name + '.log')}", file=sys.stderr)
+            if records[key]["exit_code"] != 0:
+                failed.append(stem)
+                print(f"   {stem} failed: see {out / (stem + '.log')}", file=sys.stderr)
     tables = render(out, names, policies, records)
     (out / "tables.md").write_text(tables)
     print(tables)

@@ -175,3 +175,177 @@ def test_the_paired_verdict_refuses_repeats_it_cannot_pair(tables):
     lines, reached = tables.batch_table(rows, ["goodput", "smallest_covering"])
     assert reached["paired"] == {"goodput": None, "smallest_covering": False}  # 150 ÷ 160 in every repeat
     assert any(line.startswith("| goodput | 156 (155–157) | 0.975 | reached | — | — |") for line in lines)
+
+
+# ------------------------------------------------------------------------------ several processes
+
+# Two processes of one bench at batch 1; the machine is faster in the second. Within each
+# process goodput runs at a fixed share of fixed K = 4 in the same repeat (0.95, 0.96, 0.97 in the
+# first; 0.99, 1.0, 0.985 in the second), while fixed K = 4 itself moves from repeat to repeat, so
+# a pairing across processes or of sorted lists would give other ratios.
+FIXED4 = ([150.0, 160.0, 170.0], [210.0, 200.0, 190.0])
+SHARES = ([0.95, 0.96, 0.97], [0.99, 1.0, 0.985])
+
+
+def _process(p, digest="ab" * 32, **goodput):
+    by_repeat = {"nospec": [100.0] * 3, "fixed:2": [140.0] * 3 if p == 0 else [170.0] * 3, "fixed:4": FIXED4[p],
+                 "varK:goodput": [f * s for f, s in zip(FIXED4[p], SHARES[p])],
+                 "varK:smallest_covering": [f * 0.9 for f in FIXED4[p]]}
+    rows = [dict(r, tokens_per_s=statistics.median(by_repeat[r["mode"]]), tokens_per_s_by_repeat=by_repeat[r["mode"]],
+                 repeats=3, prompts_sha256=digest) for r in ROWS if r["batch_size"] == 1]
+    return [dict(r, **goodput) if r["mode"] == "varK:goodput" else r for r in rows]
+
+
+def _mode(rows, mode):
+    return next(r for r in rows if r["mode"] == mode)
+
+
+def test_pooled_processes_concatenate_repeats_and_pair_them_within_each_process(tables):
+    first = _process(0, al=2.0, oracle_tokens_per_s=170.0, regret_vs_best_static=-0.01, oracle_exact=True)
+    second = _process(1, al=3.0, oracle_tokens_per_s=230.0, regret_vs_best_static=-0.05, oracle_exact=False,
+                      identical_to_nospec=False)
+    pooled = tables.pool_rows([first, second])
+    goodput, fixed4 = _mode(pooled, "varK:goodput"), _mode(pooled, "fixed:4")
+    repeats = _mode(first, "varK:goodput")["tokens_per_s_by_repeat"] + _mode(second, "varK:goodput")["tokens_per_s_by_repeat"]
+    assert goodput["tokens_per_s_by_repeat"] == repeats  # in process order
+    assert goodput["tokens_per_s"] == statistics.median(repeats)
+    assert (goodput["tokens_per_s_min"], goodput["tokens_per_s_max"]) == (min(repeats), max(repeats))
+    assert goodput["repeats"] == 6 and goodput["processes"] == 2
+    assert fixed4["tokens_per_s"] == 180.0 and fixed4["fixed_k"] == 4 and isinstance(fixed4["fixed_k"], int)
+    # per-process estimates: their median; a claim every process must make: False when one says False
+    assert goodput["al"] == 2.5 and goodput["oracle_tokens_per_s"] == 200.0
+    assert goodput["regret_vs_best_static"] == pytest.approx(-0.03)
+    assert goodput["identical_to_nospec"] is False and goodput["oracle_exact"] is False
+    assert fixed4["identical_to_nospec"] is True
+    assert tables.merge_values("tpot_ms_min", [2.0, 1.0, 3.0]) == 1.0  # the spread of every process
+    assert tables.merge_values("tpot_ms_max", [2.0, 1.0, 3.0]) == 3.0
+    ratios = tables.paired_ratios(goodput, tables.reference_row([r for r in pooled if r["batch_size"] == 1]))
+    assert ratios == pytest.approx([0.95, 0.96, 0.97, 0.99, 1.0, 0.985])
+    assert goodput["paired_by_process"] == pytest.approx([0.96, 0.99])
+    lines, reached = tables.batch_table(pooled, ["goodput", "smallest_covering"])
+    assert "paired per process" in lines[0]
+    assert any(line.startswith("| goodput |") and "| 0.978 (0.963–0.989) | reached | 0.950–1.000 | 0.960, 0.990 | 2.50 |" in line
+               for line in lines)
+    assert any(line.startswith("| fixed K=4 (best fixed) |") and "| — | 2.00 |" in line for line in lines)
+    assert reached["paired"] == {"goodput": True, "smallest_covering": False}
+    single, _ = tables.batch_table(first, ["goodput"])
+    assert "paired per process" not in single[0]  # one bench's rows: no such column
+
+
+def test_a_process_without_a_mode_or_with_other_repeat_counts_is_not_paired_across(tables):
+    second = [r for r in _process(1) if r["mode"] != "varK:goodput"]
+    goodput = _mode(tables.pool_rows([_process(0), second]), "varK:goodput")
+    assert goodput["tokens_per_s_by_repeat"] == _mode(_process(0), "varK:goodput")["tokens_per_s_by_repeat"]
+    assert goodput["processes"] == 1 and goodput["paired_by_process"] == pytest.approx([0.96, None])
+    lines, reached = tables.batch_table(tables.pool_rows([_process(0), second]), ["goodput"])
+    assert reached["paired"] == {"goodput": None}
+    # 4 + 2 repeats against 3 + 3: as many in all, but position 4 would pair across the processes
+    first = _process(0)
+    _mode(first, "varK:goodput")["tokens_per_s_by_repeat"] = [150.0] * 4
+    _mode(second := _process(1), "varK:goodput")["tokens_per_s_by_repeat"] = [200.0] * 2
+    pooled = tables.pool_rows([first, second])
+    assert tables.paired_ratios(_mode(pooled, "varK:goodput"), _mode(pooled, "fixed:4")) == []
+    assert _mode(pooled, "varK:goodput")["paired_by_process"] == [None, None]
+
+
+def test_render_pools_the_process_files_and_says_so(tables, tmp_path):
+    (tmp_path / "code.p1.json").write_text(json.dumps(_process(0)))
+    (tmp_path / "code.p2.json").write_text(json.dumps(_process(1)))
+    (tmp_path / "rare.json").write_text(json.dumps(_process(0)))
+    records = {("code", p): {"workload": "code", "process": p, "command": f"bench --json code.p{p}.json",
+                             "uptime_before": "load average: 1.00, 1.00, 1.00", "seconds": 10.0 * p,
+                             "uptime_after": "load average: 2.00, 2.00, 2.00", "exit_code": 0 if p == 1 else 1}
+               for p in (2, 1)}
+    text = tables.render(tmp_path, ["code", "rare"], ["goodput", "smallest_covering"], records)
+    assert "The repeats of code come from 2 bench processes" in text and "still optimistic" in text
+    assert ("`bench --json code.p1.json` × 2 processes (the same with .p2), round-robin with the other workloads:  \n"
+            "p1: 10.0 s; load before: 1.00, 1.00, 1.00, after: 2.00, 2.00, 2.00  \n"
+            "p2: 20.0 s; load before: 1.00, 1.00, 1.00, after: 2.00, 2.00, 2.00; **bench exit code 1**") in text
+    code, rare = text.index("#### code"), text.index("#### rare")
+    assert "0.960, 0.990" in text[code:rare] and "paired per process" not in text[rare:]
+    assert "different prompts" not in text
+    (tmp_path / "code.json").write_text(json.dumps(_process(1)))  # one bench's file comes first
+    text = tables.render(tmp_path, ["code"], ["goodput"], records)
+    assert "bench processes" not in text and "paired per process" not in text
+
+
+def test_processes_that_decoded_different_prompts_are_flagged(tables, tmp_path):
+    (tmp_path / "code.p1.json").write_text(json.dumps(_process(0, digest="ab" * 32)))
+    (tmp_path / "code.p2.json").write_text(json.dumps(_process(1, digest="cd" * 32)))
+    text = tables.render(tmp_path, ["code"], ["goodput"], {})
+    assert "**the processes decoded different prompts (p1: abababababab; p2: cdcdcdcdcdcd)" in text
+    assert "prompts sha256 abababababab, cdcdcdcdcdcd…" in text
+
+
+def test_process_files_sort_by_process_number(tables, tmp_path):
+    for name in ("code.p10.json", "code.p2.json", "code.p1.json", "code.p1.md", "code.json", "code.px.json"):
+        (tmp_path / name).write_text("[]")
+    assert [p for p, _ in tables.process_files(tmp_path, "code")] == [1, 2, 10]
+
+
+def test_processes_below_1_exit_2_before_any_bench(tables, capsys, tmp_path):
+    assert tables.main(["--processes", "0", "--out", str(tmp_path)]) == 2
+    assert "--processes must be at least 1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    assert tables.parse_args([]).processes == 1
+
+
+@pytest.fixture
+def fake_bench(tables, monkeypatch):
+    """``subprocess.run`` of the script as a bench that writes one process's rows to its --json
+    path; the commands it was given, in order."""
+    from types import SimpleNamespace
+
+    commands = []
+
+    def run(command, **_):
+        commands.append(command)
+        path = Path(command[command.index("--json") + 1])
+        path.write_text(json.dumps(_process(1 if path.name.endswith(".p2.json") else 0)))
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(tables, "subprocess", SimpleNamespace(run=run))
+    monkeypatch.setattr(tables, "uptime", lambda: "load average: 1.00, 1.00, 1.00")
+    return commands
+
+
+def test_several_processes_run_round_robin_into_their_own_files(tables, fake_bench, tmp_path, capsys):
+    # an earlier single-process run of code would win over the new processes; a third process is stale
+    for stale in ("code.json", "code.md", "code.p3.json", "code.p3.log"):
+        (tmp_path / stale).write_text("[]")
+    (tmp_path / "runs.json").write_text(json.dumps([{"workload": "code", "command": "old"},
+                                                    {"workload": "thirdparty", "command": "kept"}]))
+    assert tables.main(["--processes", "2", "--workloads", "code,rare", "--out", str(tmp_path)]) == 0
+    jsons = [Path(c[c.index("--json") + 1]).name for c in fake_bench]
+    assert jsons == ["code.p1.json", "rare.p1.json", "code.p2.json", "rare.p2.json"]
+    assert all(c[c.index("--repeats") + 1] == "3" for c in fake_bench)
+    assert sorted(p.name for p in tmp_path.glob("code*")) == [
+        "code.p1.json", "code.p1.log", "code.p1.md", "code.p2.json", "code.p2.log", "code.p2.md"]
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert [(r["workload"], r.get("process")) for r in runs] == [
+        ("thirdparty", None), ("code", 1), ("rare", 1), ("code", 2), ("rare", 2)]
+    assert runs[3]["command"].endswith("code.p2.json --markdown --set workload.count=24")
+    tables_md = (tmp_path / "tables.md").read_text()
+    assert "The repeats of every workload come from 2 bench processes" in tables_md
+    assert "× 2 processes (the same with .p2)" in tables_md and "0.960, 0.990" in tables_md
+    assert tables.plan(["a", "b"], 3) == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+
+
+def test_one_process_keeps_the_file_names_and_records_of_before(tables, fake_bench, tmp_path, capsys):
+    record = {"workload": "code", "command": "old", "uptime_before": "load average: 1.00, 1.00, 1.00",
+              "seconds": 5.0, "uptime_after": "load average: 3.00, 3.00, 3.00", "exit_code": 0}
+    (tmp_path / "runs.json").write_text(json.dumps([record, dict(record, workload="rare", command="rare's")]))
+    (tmp_path / "code.json").write_text(json.dumps(_process(0)))
+    (tmp_path / "rare.json").write_text(json.dumps(_process(0)))
+    # a directory from before --processes renders its records as before
+    assert tables.main(["--render-only", "--workloads", "code,rare", "--out", str(tmp_path)]) == 0
+    assert "`old`  \n5.0 s; load before: 1.00, 1.00, 1.00, after: 3.00, 3.00, 3.00\n" in capsys.readouterr().out
+    (tmp_path / "code.p1.json").write_text("[]")  # left by an earlier run with several processes
+    assert tables.main(["--workloads", "code", "--out", str(tmp_path)]) == 0
+    assert [Path(c[c.index("--json") + 1]).name for c in fake_bench] == ["code.json"]
+    assert sorted(p.name for p in tmp_path.glob("code*")) == ["code.json", "code.log", "code.md"]
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["workload"] for r in runs] == ["code", "rare"] and all("process" not in r for r in runs)
+    assert runs[0]["command"].endswith("code.json --markdown --set workload.count=24")
+    text = (tmp_path / "tables.md").read_text()
+    assert "bench processes" not in text and "paired per process" not in text and "round-robin" not in text
