@@ -32,6 +32,7 @@ class GoodputConfig(BaseModel):
     prior_weight: float = Field(4.0, gt=0.0, description="Pseudo-trials behind each prior (acceptance per position, run_on).")
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
     cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
+    follow: float = Field(0.8, ge=0.0, le=1.0, description="Share of a steady step's change of its K's verify and host time passed on to every other K's (0: a K that does not run keeps its last figure).")
     penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
     yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
     peek_share: float = Field(0.01, gt=0.0, le=1.0, description="Share of the run spent on peeks while proposing is skipped.")
@@ -61,14 +62,22 @@ class StepCostModel:
     teaches the switch penalty: its excess over the steady time (step ``penalty_ema``). Host
     time per K is a moving average too; shapes not run yet start from the first host time seen.
 
+    A K that does not run follows the one that does: a steady step that moves its K's verify
+    (host) time by a factor f moves every other K's by ``1 + follow * (f - 1)``. On a shared
+    machine all shapes slow down and speed up together; without this, a K left during a slow
+    spell kept its slow figure and the rule stayed away from it for hundreds of steps (batch 1,
+    synthetic 0.6: K=4's step priced at 1.34x K=2's, 1.54x with the switch penalty, where fixed
+    runs measured 1.06-1.18x; benchmarks/README.md, "Issue 23, round 10").
+
     Verify times are kept non-decreasing in K: a shape with more positions never costs less.
     The timed grid is short and taken on a busy machine it can rate K = 7 below K = 2
     (benchmarks/README.md, "The timed grid can invert the order of K"); a K that runs pulls the
     larger K up to its own time and the smaller K down to it, so a noisy start is not acted on.
     """
 
-    def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float):
-        self.cost_ema, self.penalty_ema = cost_ema, penalty_ema
+    def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float,
+                 follow: float = 0.0):
+        self.cost_ema, self.penalty_ema, self.follow = cost_ema, penalty_ema, follow
         self.ks = sorted(ks)
         self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in self.ks}
         for smaller, larger in zip(self.ks, self.ks[1:]):
@@ -93,10 +102,17 @@ class StepCostModel:
 
     def observe(self, k: int, verify_s: float, host_s: float, propose_s: float) -> None:
         """One step's times, in order; K becomes the last K."""
-        a = self.cost_ema
-        if k == self._observed_k:
+        a, follow = self.cost_ema, self.follow
+        steady = k == self._observed_k
+        if steady:
             verify = self.verify_s
-            verify[k] += a * (verify_s - verify[k])
+            before = verify[k]
+            verify[k] += a * (verify_s - before)
+            if follow and before > 0:
+                moved = 1.0 + follow * (verify[k] / before - 1.0)
+                for other in self.ks:
+                    if other != k:
+                        verify[other] *= moved
             for other in self.ks:  # keep the order of K (see the class docstring)
                 if (other > k and verify[other] < verify[k]) or (other < k and verify[other] > verify[k]):
                     verify[other] = verify[k]
@@ -108,7 +124,13 @@ class StepCostModel:
             for key in host:
                 if host[key] is None:
                     host[key] = host_s
-        host[k] += a * (host_s - host[k])
+        before = host[k]
+        host[k] += a * (host_s - before)
+        if steady and follow and before > 0:
+            moved = 1.0 + follow * (host[k] / before - 1.0)
+            for other in self.ks:
+                if other != k:
+                    host[other] *= moved
         self.last_k = self._observed_k = k
         if propose_s > 0:
             if self.propose_s is None:
@@ -301,8 +323,10 @@ class Goodput(KPolicy):
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
     ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
-    defaults and each did worse ("Issue 23, round 5"); the other tunables (``prior_accept``,
-    ``yield_ema``, peek bounds) were not swept. All are ``with:`` fields so that a recipe can.
+    defaults and each did worse ("Issue 23, round 5"); ``follow`` (0, 0.5, 0.8, 0.9, 1) was
+    chosen on benchmarks/k_policy_sim.py, which replays recorded machine drift ("Issue 23,
+    round 10"); the other tunables (``prior_accept``, ``yield_ema``, peek bounds) were not
+    swept. All are ``with:`` fields so that a recipe can.
     """
 
     name = "goodput"
@@ -320,7 +344,7 @@ class Goodput(KPolicy):
         config = self.config
         self.ks = sorted(set(compiled_ks))
         self.rows = rows
-        self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema)
+        self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow)
         self.acceptance = AcceptanceEstimator(self.ks[-1], config)
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals

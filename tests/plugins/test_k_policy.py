@@ -62,8 +62,8 @@ DEFAULTS = GoodputConfig()
 KS = [0, 2, 4, 7]
 
 
-def goodput(costs, rows=1):
-    policy = Goodput()
+def goodput(costs, rows=1, **config):
+    policy = Goodput(GoodputConfig(**config))
     policy.start(KS, rows, NoServices(costs))
     return policy
 
@@ -157,17 +157,44 @@ def test_goodput_counts_rows_that_hold_a_static_batch_up():
 
 
 def test_goodput_follows_the_verify_and_host_times_steps_really_take():
-    policy = goodput({0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
+    policy = goodput({0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0}, follow=0.0)
     for _ in range(200):
         policy.observe(StepOutcome(7, (7,), (7,), 2.0, 0.0, 0.1))
     assert policy.costs.verify_s[7] == pytest.approx(2.0, rel=0.01)
-    assert policy.costs.verify_s[0] == 1.0  # untouched until K = 0 runs
+    assert policy.costs.verify_s[0] == 1.0  # follow = 0: untouched until K = 0 runs
     assert policy.costs.host_s[7] == pytest.approx(0.1, rel=0.01)
     assert policy.costs.host_s[0] == 0.1  # shapes not run yet start from the first host time seen
     for _ in range(200):
         policy.observe(StepOutcome(0, (0,), (0,), 1.0, 0.0, 0.02))
     assert policy.costs.host_s[0] == pytest.approx(0.02, rel=0.01)
     assert policy.costs.host_s[7] == pytest.approx(0.1, rel=0.01)
+
+
+def test_goodput_moves_the_figures_of_shapes_not_running_with_the_machine():
+    # The machine slows by half while K = 4 runs, then recovers. K = 2's figure follows by
+    # ``follow`` of each move, so it neither keeps its old figure during the slow spell nor stays
+    # slow afterwards; the order of K holds throughout.
+    grid = {0: 1.0, 2: 1.5, 4: 2.0, 7: 3.0}
+    stale, moving = goodput(grid, follow=0.0), goodput(grid)
+    assert moving.config.follow == DEFAULTS.follow == pytest.approx(0.8)
+    for policy in (stale, moving):
+        for verify, host in [(2.0, 0.2)] * 100 + [(3.0, 0.3)] * 300:
+            policy.observe(StepOutcome(4, (4,), (4,), verify, 0.0, host))
+    slow, quick = moving.costs, stale.costs
+    assert slow.verify_s[4] == quick.verify_s[4] == pytest.approx(3.0, rel=0.01)
+    assert quick.verify_s[2] == 1.5 and quick.host_s[2] == pytest.approx(0.2)  # stale
+    assert 1.5 * 1.25 < slow.verify_s[2] < 1.5 * 1.5 and 0.2 * 1.25 < slow.host_s[2] < 0.2 * 1.5
+    assert sorted(slow.verify_s.values()) == [slow.verify_s[k] for k in KS]
+    for _ in range(300):
+        moving.observe(StepOutcome(4, (4,), (4,), 2.0, 0.0, 0.2))
+    # back: K = 2 returns near its own figure (its 20 % share of each move stays behind)
+    assert slow.verify_s[4] == pytest.approx(2.0, rel=0.01)
+    assert slow.verify_s[2] == pytest.approx(1.5, rel=0.05) and slow.host_s[2] == pytest.approx(0.2, rel=0.05)
+    # The first step after a change teaches the switch penalty and moves nothing else.
+    before, hosts = dict(slow.verify_s), dict(slow.host_s)
+    moving.observe(StepOutcome(2, (2,), (2,), 5.0, 0.0, 0.6))
+    assert slow.verify_s == before and slow.penalty_s > 0
+    assert slow.host_s[2] > hosts[2] and all(slow.host_s[k] == hosts[k] for k in (0, 4, 7))
 
 
 def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip():
