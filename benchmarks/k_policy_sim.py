@@ -29,6 +29,7 @@ the best median over the runs) on the same run.
     python benchmarks/k_policy_sim.py                                 # goodput at follow 0 and 0.8
     python benchmarks/k_policy_sim.py --variant follow=0 --variant follow=1 --grid-noise 0.15
     python benchmarks/k_policy_sim.py --variant default --variant margin=0.06 --acceptance 0.6
+    python benchmarks/k_policy_sim.py --no-drift                      # the same machine at constant speed
 """
 from __future__ import annotations
 
@@ -250,16 +251,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--traces", type=Path, default=TRACES)
+    parser.add_argument("--no-drift", action="store_true", help="a machine at constant speed instead of the traces")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     names = args.variant or ["follow=0", "default"]
     variants = {name: goodput_factory(parse_variant(name)) for name in names}
     rows = sweep(variants, [float(a) for a in args.acceptance.split(",")], [float(r) for r in args.ratio.split(",")],
-                 args.runs, load_traces(args.traces), args.first, args.tail, args.grid_noise, args.grid_bias,
+                 args.runs, [Trace([0.0, 3600.0], [1.0, 1.0])] if args.no_drift else load_traces(args.traces), args.first, args.tail, args.grid_noise, args.grid_bias,
                  args.requests, args.tokens)
     print(f"goodput ÷ the best static choice, same run (trace, start, draws), {args.runs} runs per row; "
-          f"grid noise {args.grid_noise:g}, grid bias {args.grid_bias:g}, switch {args.first:g} + {args.tail:g} ms\n")
+          f"{'no drift' if args.no_drift else 'recorded drift'}, grid noise {args.grid_noise:g}, "
+          f"grid bias {args.grid_bias:g}, switch {args.first:g} + {args.tail:g} ms\n")
     print(table(rows, names))
     return 0
 

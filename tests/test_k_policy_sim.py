@@ -85,6 +85,9 @@ def test_goodput_runs_in_the_simulator_and_the_table_reports_each_variant(sim, c
     rows = [line for line in out.splitlines() if line.startswith("| 0.9")]
     ratios = [float(cell.split()[0]) for cell in rows[0].split("|")[4:6]]
     assert all(0.8 < r < 1.05 for r in ratios)  # goodput ends near the best fixed K at 0.9
+    assert "recorded drift" in out
+    assert sim.main(["--runs", "1", "--acceptance", "0.3", "--ratio", "1.1", "--requests", "1", "--no-drift"]) == 0
+    assert "no drift" in capsys.readouterr().out
 
 
 def test_variants_parse_and_bad_ones_say_how(sim):
