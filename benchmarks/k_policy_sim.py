@@ -26,8 +26,8 @@ Model, per generation (``--requests`` requests of ``--tokens`` tokens, batch 1, 
 Each policy's tokens/s is divided by the best static choice's (no-spec or a fixed K, the one with
 the best median over the runs) on the same run.
 
-    python benchmarks/k_policy_sim.py                                 # goodput at follow 0 and 0.8
-    python benchmarks/k_policy_sim.py --variant follow=0 --variant follow=1 --grid-noise 0.15
+    python benchmarks/k_policy_sim.py                                 # goodput as shipped and at follow 0.8
+    python benchmarks/k_policy_sim.py --variant default --variant follow=1 --grid-noise 0.15
     python benchmarks/k_policy_sim.py --variant default --variant margin=0.06 --acceptance 0.6
     python benchmarks/k_policy_sim.py --no-drift                      # the same machine at constant speed
 """
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", action="append", default=None,
                         help="goodput's with: settings of one variant, e.g. follow=0 or 'default' (repeatable; "
-                             "default: follow=0 and default)")
+                             "default: default and follow=0.8)")
     parser.add_argument("--acceptance", default="0.3,0.6,0.9", help="comma-separated synthetic acceptance rates")
     parser.add_argument("--ratio", default="1.05,1.1,1.18", help="comma-separated K=4 / K=2 verify time ratios")
     parser.add_argument("--runs", type=int, default=30, help="generations per policy and setting (default 30)")
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    names = args.variant or ["follow=0", "default"]
+    names = args.variant or ["default", "follow=0.8"]
     variants = {name: goodput_factory(parse_variant(name)) for name in names}
     rows = sweep(variants, [float(a) for a in args.acceptance.split(",")], [float(r) for r in args.ratio.split(",")],
                  args.runs, [Trace([0.0, 3600.0], [1.0, 1.0])] if args.no_drift else load_traces(args.traces), args.first, args.tail, args.grid_noise, args.grid_bias,

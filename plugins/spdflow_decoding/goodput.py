@@ -32,7 +32,7 @@ class GoodputConfig(BaseModel):
     prior_weight: float = Field(4.0, gt=0.0, description="Pseudo-trials behind each prior (acceptance per position, run_on).")
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
     cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
-    follow: float = Field(0.8, ge=0.0, le=1.0, description="Share of a steady step's change of its K's verify and host time passed on to every other K's (0: a K that does not run keeps its last figure).")
+    follow: float = Field(0.0, ge=0.0, le=1.0, description="Share of a steady step's change of its K's verify and host time passed on to every other K's (0: a K that does not run keeps its last figure; 0.8 measured better at batch 1 and worse at batch 2-4).")
     penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
     yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
     peek_share: float = Field(0.01, gt=0.0, le=1.0, description="Share of the run spent on peeks while proposing is skipped.")
@@ -62,12 +62,14 @@ class StepCostModel:
     teaches the switch penalty: its excess over the steady time (step ``penalty_ema``). Host
     time per K is a moving average too; shapes not run yet start from the first host time seen.
 
-    A K that does not run follows the one that does: a steady step that moves its K's verify
-    (host) time by a factor f moves every other K's by ``1 + follow * (f - 1)``. On a shared
-    machine all shapes slow down and speed up together; without this, a K left during a slow
-    spell kept its slow figure and the rule stayed away from it for hundreds of steps (batch 1,
-    synthetic 0.6: K=4's step priced at 1.34x K=2's, 1.54x with the switch penalty, where fixed
-    runs measured 1.06-1.18x; benchmarks/README.md, "Issue 23, round 10").
+    With ``follow`` > 0 a K that does not run follows the one that does: a steady step that moves
+    its K's verify (host) time by a factor f moves every other K's by ``1 + follow * (f - 1)``.
+    All shapes slow down and speed up together on a shared machine, and with ``follow`` = 0 (the
+    default) a K left during a slow spell keeps its slow figure: at batch 1, synthetic 0.6, K=4's
+    step was priced at 1.34x K=2's (1.54x with the switch penalty) where fixed runs measured
+    1.06-1.18x, and the rule stayed at K=2 for hundreds of steps. ``follow`` = 0.8 ended that
+    stay and measured better at batch 1, but worse at batch 2-4 (benchmarks/README.md, "Issue
+    23, round 10"); it also keeps the timed grid's ratios between shapes for longer.
 
     Verify times are kept non-decreasing in K: a shape with more positions never costs less.
     The timed grid is short and taken on a busy machine it can rate K = 7 below K = 2
@@ -323,9 +325,9 @@ class Goodput(KPolicy):
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
     ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
-    defaults and each did worse ("Issue 23, round 5"); ``follow`` (0, 0.5, 0.8, 0.9, 1) was
-    chosen on benchmarks/k_policy_sim.py, which replays recorded machine drift ("Issue 23,
-    round 10"); the other tunables (``prior_accept``, ``yield_ema``, peek bounds) were not
+    defaults and each did worse ("Issue 23, round 5"); ``follow`` = 0.8 against 0 ran in
+    benchmarks/k_policy_sim.py (recorded machine drift), two live A/Bs and the round-10 tables,
+    and stays off ("Issue 23, round 10"); the other tunables (``prior_accept``, ``yield_ema``, peek bounds) were not
     swept. All are ``with:`` fields so that a recipe can.
     """
 
