@@ -42,13 +42,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import yaml
+
+from spdflow.api import NoServices, StepContext, StepOutcome
+
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from k_policy_tables import LINE  # noqa: E402
+
 TRACES = REPO / "benchmarks" / "results" / "k_policy_sim" / "speed_traces.json"
 KS = (0, 2, 4, 7)
 VERIFY_K2_MS, VERIFY_K0_MS, K7_OVER_K4 = 1.35, 1.15, 1.15
 HOST_MS = {0: 0.17, 2: 0.19, 4: 0.20, 7: 0.21}
 PROPOSE_MS = 0.015
-LINE = 0.97
 
 
 def verify_ms(ratio: float) -> dict[int, float]:
@@ -139,8 +146,6 @@ class Fixed:
 def generate(policy, acceptance: float, machine: Machine, seed: int, grid_noise: float, grid_bias: float,
              requests: int = 16, tokens: int = 128) -> float:
     """One generation at batch 1; its decode tokens per second."""
-    from spdflow.api import NoServices, StepContext, StepOutcome
-
     draws = random.Random(seed)
     grid_draws = random.Random(seed + 1_000_003)
     speed, base = machine.speed(), machine.verify[KS[0]]
@@ -172,7 +177,7 @@ def generate(policy, acceptance: float, machine: Machine, seed: int, grid_noise:
 
 
 def parse_variant(text: str) -> dict:
-    """``follow=0,margin=0.05`` -> {"follow": 0.0, "margin": 0.05}; ``default`` -> {}."""
+    """``follow=0,margin=0.05`` -> {"follow": 0, "margin": 0.05} (values read as YAML); ``default`` -> {}."""
     if text == "default":
         return {}
     out = {}
@@ -180,12 +185,11 @@ def parse_variant(text: str) -> dict:
         key, sep, value = part.partition("=")
         if not sep:
             raise SystemExit(f"--variant '{text}': expected key=value[,key=value] or 'default'")
-        out[key.strip()] = float(value) if any(c in value for c in ".e") else int(value)
+        out[key.strip()] = yaml.safe_load(value)
     return out
 
 
 def goodput_factory(settings: dict) -> Callable[[], object]:
-    sys.path.insert(0, str(REPO / "plugins"))
     from spdflow_decoding import Goodput, GoodputConfig
 
     config = GoodputConfig(**settings)

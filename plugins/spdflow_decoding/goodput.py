@@ -110,11 +110,7 @@ class StepCostModel:
             verify = self.verify_s
             before = verify[k]
             verify[k] += a * (verify_s - before)
-            if follow and before > 0:
-                moved = 1.0 + follow * (verify[k] / before - 1.0)
-                for other in self.ks:
-                    if other != k:
-                        verify[other] *= moved
+            _carry(verify, k, before, follow)
             for other in self.ks:  # keep the order of K (see the class docstring)
                 if (other > k and verify[other] < verify[k]) or (other < k and verify[other] > verify[k]):
                     verify[other] = verify[k]
@@ -128,16 +124,22 @@ class StepCostModel:
                     host[key] = host_s
         before = host[k]
         host[k] += a * (host_s - before)
-        if steady and follow and before > 0:
-            moved = 1.0 + follow * (host[k] / before - 1.0)
-            for other in self.ks:
-                if other != k:
-                    host[other] *= moved
+        if steady:
+            _carry(host, k, before, follow)
         self.last_k = self._observed_k = k
         if propose_s > 0:
             if self.propose_s is None:
                 self.propose_s = propose_s
             self.propose_s += a * (propose_s - self.propose_s)
+
+
+def _carry(figures: dict[int, float], k: int, before: float, follow: float) -> None:
+    """Move every other K's figure by ``follow`` of the factor K's figure just moved by (from ``before``)."""
+    if follow and before > 0:
+        moved = 1.0 + follow * (figures[k] / before - 1.0)
+        for other in figures:
+            if other != k:
+                figures[other] *= moved
 
 
 # ------------------------------------------------------------------------------ acceptance estimator
@@ -327,8 +329,8 @@ class Goodput(KPolicy):
     ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
     defaults and each did worse ("Issue 23, round 5"); ``follow`` = 0.8 against 0 ran in
     benchmarks/k_policy_sim.py (recorded machine drift), two live A/Bs and the round-10 tables,
-    and stays off ("Issue 23, round 10"); the other tunables (``prior_accept``, ``yield_ema``, peek bounds) were not
-    swept. All are ``with:`` fields so that a recipe can.
+    and stays off ("Issue 23, round 10"); the other tunables (``prior_accept``, ``yield_ema``,
+    peek bounds) were not swept. All are ``with:`` fields so that a recipe can.
     """
 
     name = "goodput"
