@@ -260,7 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     names = args.variant or ["default", "follow=0.8"]
-    variants = {name: goodput_factory(parse_variant(name)) for name in names}
+    from pydantic import ValidationError
+
+    try:
+        variants = {name: goodput_factory(parse_variant(name)) for name in names}
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        parser.error(f"--variant: goodput setting '{'.'.join(map(str, first['loc']))}': {first['msg']}")
     rows = sweep(variants, [float(a) for a in args.acceptance.split(",")], [float(r) for r in args.ratio.split(",")],
                  args.runs, [Trace([0.0, 3600.0], [1.0, 1.0])] if args.no_drift else load_traces(args.traces), args.first, args.tail, args.grid_noise, args.grid_bias,
                  args.requests, args.tokens)

@@ -90,10 +90,14 @@ def test_goodput_runs_in_the_simulator_and_the_table_reports_each_variant(sim, c
     assert "no drift" in capsys.readouterr().out
 
 
-def test_variants_parse_and_bad_ones_say_how(sim):
+def test_variants_parse_and_bad_ones_say_how(sim, capsys):
     assert sim.parse_variant("default") == {}
     assert sim.parse_variant("follow=0.5,evidence=16") == {"follow": 0.5, "evidence": 16}
     with pytest.raises(SystemExit, match="key=value"):
         sim.parse_variant("follow")
     with pytest.raises(SystemExit):
         sim.main(["--runs", "0"])
+    for bad, said in [("follow=2", "follow"), ("folow=0.5", "folow")]:  # out of range; not a goodput setting
+        with pytest.raises(SystemExit):
+            sim.main(["--runs", "1", "--variant", bad])
+        assert f"goodput setting '{said}'" in capsys.readouterr().err
