@@ -85,7 +85,7 @@ class StepCosts:
 
 
 def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: int,
-                       batch_index: np.ndarray | None = None, rounds: int = 4, repeats: int = 2, warmup: int = 1,
+                       batch_index: np.ndarray | None = None, rounds: int = 4, repeats: int = 3, warmup: int = 4,
                        clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Median seconds of one verify run per compiled K (measured now; :class:`StepCosts` keeps them).
 
@@ -97,6 +97,12 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
     lands on every K alike instead of on one K's block. Timed in one block per K, a 2-core
     machine at load 2.8 once gave batch 2 K=4 6.8 ms against K=7 3.6 ms (quiet: 1.5 and 1.9);
     a policy that believes such a start never runs the larger K to learn better.
+
+    The warm-up is 4 runs because the runs after a change of shape are slow for several steps:
+    with 1 warm-up run the grid put K = 0 at batch 1 and 2 25-40 % above what generations at
+    K = 0 measured, and K = 2's ratio to K = 0 at 1.15-1.31 where generations measured
+    1.29-1.45; with 4 it was within the generations' own spread, at every batch size 1-8
+    (benchmarks/README.md, "Issue 23, round 11").
     """
     times: dict[int, list[float]] = {k: [] for k in ks}
     for round_ in range(rounds):
