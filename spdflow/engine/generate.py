@@ -98,11 +98,12 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
     machine at load 2.8 once gave batch 2 K=4 6.8 ms against K=7 3.6 ms (quiet: 1.5 and 1.9);
     a policy that believes such a start never runs the larger K to learn better.
 
-    The warm-up is 4 runs because the runs after a change of shape are slow for several steps:
-    with 1 warm-up run the grid put K = 0 at batch 1 and 2 25-40 % above what generations at
-    K = 0 measured, and K = 2's ratio to K = 0 at 1.15-1.31 where generations measured
-    1.29-1.45; with 4 it was within the generations' own spread, at every batch size 1-8
-    (benchmarks/README.md, "Issue 23, round 11").
+    The warm-up is 4 runs because the runs after a change of shape stay slow for several steps.
+    With 1 warm-up run and 2 timed, the grid put K = 0 at batch 1, 2 and 4 12-32 % above what
+    no-spec generations measured, and each larger K's ratio to K = 0 8-20 % below theirs, so a
+    policy starting from it speculates where K = 0 is better; with 4 and 3, K = 0 and the ratios
+    came within 10 % at batch 1-8 (benchmarks/step_cost_grid.py; benchmarks/README.md, "Issue
+    23, round 11").
     """
     times: dict[int, list[float]] = {k: [] for k in ks}
     for round_ in range(rounds):
