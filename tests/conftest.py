@@ -1,9 +1,11 @@
 """Shared fixtures: a fresh plugin manager per test, a recipe writer, and the sweep tests' 2x2 sweep
 (proposers x K-lists of the embedded model), run once per session by the local executor; the Ray
-tests compare their tokens with it."""
+tests compare their tokens with it. Also :func:`load_benchmark` for the tests of benchmarks/."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -14,6 +16,16 @@ from spdflow.cli import cli
 from spdflow.plugins import get_plugin_manager
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module, registered in ``sys.modules`` (dataclasses
+    look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 MINIMAL = """\
 version: 1

@@ -1,26 +1,20 @@
 """benchmarks/k_policy_replay.py: goodput fed steady timings, the regret table, one replay end to end."""
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
-from pathlib import Path
 
 import pytest
 
 from spdflow.api import StepContext, StepOutcome
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, load_benchmark
 
 
 @pytest.fixture(scope="module")
 def replay():
     sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("k_policy_replay", REPO / "benchmarks" / "k_policy_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("k_policy_replay")
 
 
 def test_steady_goodput_sees_the_recorded_means_not_the_replays_timings(replay):

@@ -1,22 +1,14 @@
 """benchmarks/k_policy_sim.py: the simulated machine, paired generations, the table and the CLI."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def sim():
-    spec = importlib.util.spec_from_file_location("k_policy_sim", REPO / "benchmarks" / "k_policy_sim.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("k_policy_sim")
 
 
 def steady(sim, seconds=100.0):

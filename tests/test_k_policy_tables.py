@@ -1,24 +1,18 @@
 """benchmarks/k_policy_tables.py: the bench command it runs, the table math, the README update."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def tables():
-    spec = importlib.util.spec_from_file_location("k_policy_tables", REPO / "benchmarks" / "k_policy_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("k_policy_tables")
 
 
 def _row(mode, batch, tps, role, **extra):

@@ -1,17 +1,11 @@
 """benchmarks/policy_time.py: a policy's own time per step, timed inside bench-style runs."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, load_benchmark
 
 
 def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("policy_time", REPO / "benchmarks" / "policy_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("policy_time")
     rc = module.main([str(REPO / "recipes" / "tinycode_varK.yaml"), "--batch", "1", "--repeats", "1",
                       "--modes", "nospec,fixed,goodput", "--set", f"output={tmp_path / 'run'}",
                       "--set", "workload.count=2", "--set", "workload.max_new_tokens=16"])

@@ -1,22 +1,14 @@
 """benchmarks/step_cost_grid.py: block shapes, the summary against generations, and CLI errors."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def grid():
-    spec = importlib.util.spec_from_file_location("step_cost_grid", REPO / "benchmarks" / "step_cost_grid.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("step_cost_grid")
 
 
 def test_block_shapes_parse_and_bad_ones_say_what_is_wrong(grid):
