@@ -58,10 +58,11 @@ class StepCostModel:
 
     Starts from the engine's measured verify time per K (1 s each when none was measured: only
     the ratios matter); the engine times each K after 4 warm-up runs, since with 1 its grid timed
-    the slow steps after a change of shape and priced K = 0 too dear ("Issue 23, round 11"). A step at the same K as the last one moves that K's verify time towards
-    what it took (moving average, step ``cost_ema``); the first step after a change instead
-    teaches the switch penalty: its excess over the steady time (step ``penalty_ema``). Host
-    time per K is a moving average too; shapes not run yet start from the first host time seen.
+    the slow steps after a change of shape and priced K = 0 too dear ("Issue 23, round 11"). A
+    step at the same K as the last one moves that K's verify time towards what it took (moving
+    average, step ``cost_ema``); the first step after a change instead teaches the switch
+    penalty: its excess over the steady time (step ``penalty_ema``). Host time per K is a moving
+    average too; shapes not run yet start from the first host time seen.
 
     With ``follow`` > 0 a K that does not run follows the one that does: a steady step that moves
     its K's verify (host) time by a factor f moves every other K's by ``1 + follow * (f - 1)``.
