@@ -267,9 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         parser.error(f"--variant: goodput setting '{'.'.join(map(str, first['loc']))}': {first['msg']}")
+    traces = [Trace([0.0, 3600.0], [1.0, 1.0])] if args.no_drift else load_traces(args.traces)
     rows = sweep(variants, [float(a) for a in args.acceptance.split(",")], [float(r) for r in args.ratio.split(",")],
-                 args.runs, [Trace([0.0, 3600.0], [1.0, 1.0])] if args.no_drift else load_traces(args.traces), args.first, args.tail, args.grid_noise, args.grid_bias,
-                 args.requests, args.tokens)
+                 args.runs, traces, args.first, args.tail, args.grid_noise, args.grid_bias, args.requests, args.tokens)
     print(f"goodput ÷ the best static choice, same run (trace, start, draws), {args.runs} runs per row; "
           f"{'no drift' if args.no_drift else 'recorded drift'}, grid noise {args.grid_noise:g}, "
           f"grid bias {args.grid_bias:g}, switch {args.first:g} + {args.tail:g} ms\n")

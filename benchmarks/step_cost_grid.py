@@ -74,7 +74,8 @@ def measure(recipe: str, batch: int, trials: int, grids: list[tuple[int, int]], 
 
 
 def summarize(trials: list[dict]) -> dict[str, dict]:
-    """Per grid: median over trials of K=0 (grid ÷ generations) and of each K's ratio-of-ratios."""
+    """Per grid: median over trials of K=0 (grid ÷ generations), of each K's ratio-of-ratios and of
+    the seconds the grid took."""
     names = list(trials[0]["grids"])
     ks = sorted(trials[0]["generations"])
     summary = {}
@@ -84,7 +85,7 @@ def summarize(trials: list[dict]) -> dict[str, dict]:
                       for t in trials] for k in ks if k}
         summary[name] = {"k0": statistics.median(base),
                          "ratio": {k: statistics.median(v) for k, v in ratios.items()},
-                         "seconds": statistics.median(t["seconds"][name] for t in trials) if "seconds" in trials[0] else None}
+                         "seconds": statistics.median(t["seconds"][name] for t in trials)}
     return summary
 
 
@@ -102,9 +103,11 @@ def main(argv=None) -> int:
         grids = parse_grids(args.grids)
         sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(str(exc) if "WARMUPxTIMED" in str(exc) else "--batch-sizes must be positive integers, e.g. 1,2,4,8")
     if args.trials < 1:
         parser.error("--trials must be at least 1")
+    if min(sizes) < 1:
+        parser.error("--batch-sizes must be positive integers, e.g. 1,2,4,8")
     results = {}
     for batch in sizes:
         results[batch] = measure(args.recipe, batch, args.trials, grids, args.rounds, args.overrides)

@@ -37,7 +37,9 @@ def test_summary_compares_each_grid_with_the_generations_trial_by_trial(grid):
 
 
 @pytest.mark.parametrize("argv, message", [(["r.yaml", "--grids", "4"], "WARMUPxTIMED"),
-                                           (["r.yaml", "--trials", "0"], "--trials must be at least 1")])
+                                           (["r.yaml", "--trials", "0"], "--trials must be at least 1"),
+                                           (["r.yaml", "--batch-sizes", "1,0"], "--batch-sizes must be positive"),
+                                           (["r.yaml", "--batch-sizes", "1,x"], "--batch-sizes must be positive")])
 def test_bad_arguments_end_with_one_usage_line_and_exit_2(grid, capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         grid.main(argv)
