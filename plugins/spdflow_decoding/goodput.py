@@ -32,6 +32,7 @@ class GoodputConfig(BaseModel):
     prior_weight: float = Field(4.0, gt=0.0, description="Pseudo-trials behind each prior (acceptance per position, run_on).")
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
     cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
+    calibrate: bool = Field(True, description="Until a K has run two steps in a row, price it at its grid time x (the running K's learned time / its grid time): the grid's level was off by up to 10 % at batch 2 and 8, its ratios between Ks less.")
     follow: float = Field(0.0, ge=0.0, le=1.0, description="Share of a steady step's change of its K's verify and host time passed on to every other K's (0: a K that does not run keeps its last figure; 0.8 measured better at batch 1 and worse at batch 2-4).")
     penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
     yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
@@ -73,6 +74,13 @@ class StepCostModel:
     stay and measured better at batch 1, but worse at batch 2-4 (benchmarks/README.md, "Issue
     23, round 10"); it also keeps the timed grid's ratios between shapes for longer.
 
+    With ``calibrate`` (the default) a K that has not yet run a steady step is priced at its grid
+    time scaled as the running K's learned time is to that K's grid time. The grid is timed in a
+    burst before the run, and its level was off by up to 10 % at batch 2 and 8 where its ratios
+    between shapes were within about 5 % (benchmarks/step_cost_grid.py). K = 0 rarely runs a
+    steady step while proposals pay, so without this it kept a grid figure that was too cheap
+    beside learned ones, and the rule ran K = 0 too often ("Issue 23, round 12").
+
     Verify times are kept non-decreasing in K: a shape with more positions never costs less.
     The timed grid is short and taken on a busy machine it can rate K = 7 below K = 2
     (benchmarks/README.md, "The timed grid can invert the order of K"); a K that runs pulls the
@@ -80,12 +88,15 @@ class StepCostModel:
     """
 
     def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float,
-                 follow: float = 0.0):
+                 follow: float = 0.0, calibrate: bool = False):
         self.cost_ema, self.penalty_ema, self.follow = cost_ema, penalty_ema, follow
         self.ks = sorted(ks)
         self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in self.ks}
         for smaller, larger in zip(self.ks, self.ks[1:]):
             self.verify_s[larger] = max(self.verify_s[larger], self.verify_s[smaller])
+        self.grid = dict(self.verify_s)
+        #: Ks priced from the grid, scaled to the running K (``calibrate``), until they run steady
+        self.unlearned = set(self.ks) if calibrate and measured else set()
         self.host_s: dict[int, float | None] = {k: None for k in ks}
         self.penalty_s = 0.0  # extra verify time of the first step after a change of K
         self.propose_s: float | None = None  # seconds per proposer call, once one was seen
@@ -104,6 +115,19 @@ class StepCostModel:
             return cost
         return cost + (1.0 + back) * self.penalty_s
 
+    def _calibrate(self, k: int) -> None:
+        """K ran a steady step: it is learned, and each K not yet learned is priced at its grid
+        time scaled as K's learned time is to K's grid time, within the learned Ks around it."""
+        unlearned, verify, grid = self.unlearned, self.verify_s, self.grid
+        unlearned.discard(k)
+        scale = verify[k] / grid[k] if grid[k] > 0 else 1.0
+        learned = [j for j in self.ks if j not in unlearned]
+        for other in unlearned:
+            figure = grid[other] * scale
+            floor = max((verify[j] for j in learned if j < other), default=figure)
+            ceiling = min((verify[j] for j in learned if j > other), default=figure)
+            verify[other] = min(max(figure, floor), max(ceiling, floor))
+
     def observe(self, k: int, verify_s: float, host_s: float, propose_s: float) -> None:
         """One step's times, in order; K becomes the last K."""
         a, follow = self.cost_ema, self.follow
@@ -113,6 +137,8 @@ class StepCostModel:
             before = verify[k]
             verify[k] += a * (verify_s - before)
             _carry(verify, k, before, follow)
+            if self.unlearned:
+                self._calibrate(k)
             for other in self.ks:  # keep the order of K (see the class docstring)
                 if (other > k and verify[other] < verify[k]) or (other < k and verify[other] > verify[k]):
                     verify[other] = verify[k]
@@ -256,11 +282,13 @@ class AcceptanceEstimator:
         if not scored:
             return
         fade = self.config.decay ** len(scored)
-        tries = [t * fade for t in self.tries]
-        hits = [h * fade for h in self.hits]
+        tries, hits = self.tries, self.hits
+        for j in range(len(tries)):
+            tries[j] *= fade
+            hits[j] *= fade
         for checked, matched in scored:
             _count(tries, hits, checked, matched)
-        self.tries, self.hits, self._extra, self._row_cache = tries, hits, None, None
+        self._extra = self._row_cache = None
 
 
 def _count(tries: list, hits: list, checked: int, matched: int) -> None:
@@ -331,8 +359,10 @@ class Goodput(KPolicy):
     ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
     defaults and each did worse ("Issue 23, round 5"); ``follow`` = 0.8 against 0 ran in
     benchmarks/k_policy_sim.py (recorded machine drift), two live A/Bs and the round-10 tables,
-    and stays off ("Issue 23, round 10"); the other tunables (``prior_accept``, ``yield_ema``,
-    peek bounds) were not swept. All are ``with:`` fields so that a recipe can.
+    and stays off ("Issue 23, round 10"); ``calibrate`` was turned on by a live A/B and its
+    replicate, each with its rule written before it ran ("Issue 23, round 12"); the other
+    tunables (``prior_accept``, ``yield_ema``, peek bounds) were not swept. All are ``with:``
+    fields so that a recipe can.
     """
 
     name = "goodput"
@@ -350,7 +380,8 @@ class Goodput(KPolicy):
         config = self.config
         self.ks = sorted(set(compiled_ks))
         self.rows = rows
-        self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow)
+        self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow,
+                                   config.calibrate)
         self.acceptance = AcceptanceEstimator(self.ks[-1], config)
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals
@@ -397,17 +428,19 @@ class Goodput(KPolicy):
         if last == low:
             # Leaving the cheapest K costs the switch penalty now and again when proposals run
             # out; each step of the run they are expected to last carries its share of both.
+            leave = 2.0 * (1.0 - self.run_on()) * self.costs.penalty_s
             for k in self.ks:
                 if k != low:
-                    costs[k] += 2.0 * (1.0 - self.run_on()) * self.costs.penalty_s
+                    costs[k] += leave
         elif last in costs and share >= 1.0:
             # From one speculating shape to another: the penalty once (choose_k only).
             for k in self.ks:
                 if k not in (low, last):
                     costs[k] += max(self.costs.penalty_s, 0.0)
+        rows = [(w, n, extra) for w, n, extra in zip(weights, proposal_counts, extras) if n]
         out = {}
         for k in self.ks:
-            tokens = base + share * sum(w * extra[min(n, k)] for w, n, extra in zip(weights, proposal_counts, extras) if n)
+            tokens = base + share * sum(w * extra[min(n, k)] for w, n, extra in rows)
             cost = costs[k]
             if k != low:
                 cost = some * cost + (1.0 - some) * low_cost + extra_propose_s

@@ -157,7 +157,7 @@ def test_goodput_counts_rows_that_hold_a_static_batch_up():
 
 
 def test_goodput_follows_the_verify_and_host_times_steps_really_take():
-    policy = goodput({0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0})
+    policy = goodput({0: 1.0, 2: 1.0, 4: 1.0, 7: 1.0}, calibrate=False)
     for _ in range(200):
         policy.observe(StepOutcome(7, (7,), (7,), 2.0, 0.0, 0.1))
     assert policy.costs.verify_s[7] == pytest.approx(2.0, rel=0.01)
@@ -175,7 +175,7 @@ def test_goodput_moves_the_figures_of_shapes_not_running_with_the_machine():
     # figure follows by 0.8 of each move, so it neither keeps its old figure during the slow spell nor stays
     # slow afterwards; the order of K holds throughout.
     grid = {0: 1.0, 2: 1.5, 4: 2.0, 7: 3.0}
-    stale, moving = goodput(grid), goodput(grid, follow=0.8)
+    stale, moving = goodput(grid, calibrate=False), goodput(grid, follow=0.8, calibrate=False)
     assert stale.config.follow == DEFAULTS.follow == 0.0  # off by default ("Issue 23, round 10")
     for policy in (stale, moving):
         for verify, host in [(2.0, 0.2)] * 100 + [(3.0, 0.3)] * 300:
@@ -195,6 +195,42 @@ def test_goodput_moves_the_figures_of_shapes_not_running_with_the_machine():
     moving.observe(StepOutcome(2, (2,), (2,), 5.0, 0.0, 0.6))
     assert slow.verify_s == before and slow.penalty_s > 0
     assert slow.host_s[2] > hosts[2] and all(slow.host_s[k] == hosts[k] for k in (0, 4, 7))
+
+
+def test_goodput_prices_shapes_not_yet_run_at_the_grid_level_the_running_shape_learned():
+    # The grid is timed 10 % cheap at every K. K = 2 runs and learns its real time; K = 0, 4
+    # and 7 have not run two steps in a row, so they keep the grid's ratios at K = 2's level
+    # (calibrate, on by default) instead of the grid's cheap figures.
+    grid = {0: 0.9, 2: 1.08, 4: 1.26, 7: 1.62}
+    policy, plain = goodput(grid), goodput(grid, calibrate=False)
+    assert policy.config.calibrate == DEFAULTS.calibrate is True
+    for each in (policy, plain):
+        for _ in range(300):
+            each.observe(StepOutcome(2, (2,), (2,), 1.2, 0.0, 0.1))
+    assert policy.costs.verify_s[2] == plain.costs.verify_s[2] == pytest.approx(1.2, rel=0.01)
+    for k, real in ((0, 1.0), (4, 1.4), (7, 1.8)):
+        assert policy.costs.verify_s[k] == pytest.approx(real, rel=0.01)
+        assert plain.costs.verify_s[k] == grid[k]
+    # The first step after a change teaches the switch penalty, not K = 0's time; once K = 0
+    # runs steady its own figure takes over, and K = 2's later moves leave it alone.
+    policy.observe(StepOutcome(0, (0,), (0,), 1.5, 0.0, 0.1))
+    assert policy.costs.verify_s[0] == pytest.approx(1.0, rel=0.01) and policy.costs.penalty_s > 0
+    for _ in range(300):
+        policy.observe(StepOutcome(0, (0,), (0,), 0.8, 0.0, 0.1))
+    assert policy.costs.verify_s[0] == pytest.approx(0.8, rel=0.01)
+    # K = 4 scaled to K = 0's level would be 1.12 s, below what K = 2 learned: the order of K holds
+    assert policy.costs.verify_s[4] == pytest.approx(policy.costs.verify_s[2]) == pytest.approx(1.2, rel=0.01)
+    policy.observe(StepOutcome(2, (2,), (2,), 1.2, 0.0, 0.1))
+    for _ in range(300):
+        policy.observe(StepOutcome(2, (2,), (2,), 2.4, 0.0, 0.1))
+    assert policy.costs.verify_s[0] == pytest.approx(0.8, rel=0.01)  # learned: kept
+    assert policy.costs.verify_s[4] == pytest.approx(2.8, rel=0.01)  # still the grid's ratio to K = 2
+    # Without a timed grid every K starts at 1 s and only ratios matter: nothing is scaled.
+    blind = Goodput()
+    blind.start(KS, 1, NoServices(None))
+    for _ in range(50):
+        blind.observe(StepOutcome(2, (2,), (2,), 3.0, 0.0, 0.1))
+    assert blind.costs.verify_s[0] == 1.0
 
 
 def test_goodput_counts_the_switch_penalty_where_a_change_of_k_is_a_round_trip():
