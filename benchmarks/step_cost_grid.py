@@ -101,13 +101,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         grids = parse_grids(args.grids)
-        sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError as exc:
-        parser.error(str(exc) if "WARMUPxTIMED" in str(exc) else "--batch-sizes must be positive integers, e.g. 1,2,4,8")
+        parser.error(str(exc))
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        parser.error("--batch-sizes must be positive integers, e.g. 1,2,4,8")
     if args.trials < 1:
         parser.error("--trials must be at least 1")
-    if min(sizes) < 1:
-        parser.error("--batch-sizes must be positive integers, e.g. 1,2,4,8")
     results = {}
     for batch in sizes:
         results[batch] = measure(args.recipe, batch, args.trials, grids, args.rounds, args.overrides)

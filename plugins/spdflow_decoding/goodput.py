@@ -74,7 +74,7 @@ class StepCostModel:
     stay and measured better at batch 1, but worse at batch 2-4 (benchmarks/README.md, "Issue
     23, round 10"); it also keeps the timed grid's ratios between shapes for longer.
 
-    With ``calibrate`` (the default) a K that has not yet run a steady step is priced at its grid
+    With ``calibrate`` (on in goodput's defaults) a K that has not yet run a steady step is priced at its grid
     time scaled as the running K's learned time is to that K's grid time. The grid is timed in a
     burst before the run, and its level was off by up to 10 % at batch 2 and 8 where its ratios
     between shapes were within about 5 % (benchmarks/step_cost_grid.py). K = 0 rarely runs a
