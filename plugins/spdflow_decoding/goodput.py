@@ -118,14 +118,26 @@ class StepCostModel:
     def _calibrate(self, k: int) -> None:
         """K ran a steady step: it is learned, and each K not yet learned is priced at its grid
         time scaled as K's learned time is to K's grid time, within the learned Ks around it."""
-        unlearned, verify, grid = self.unlearned, self.verify_s, self.grid
+        unlearned, verify, grid, ks = self.unlearned, self.verify_s, self.grid, self.ks
         unlearned.discard(k)
         scale = verify[k] / grid[k] if grid[k] > 0 else 1.0
-        learned = [j for j in self.ks if j not in unlearned]
+        # The learned Ks' figures around each unlearned K: the highest below it, the lowest above
+        floors, ceilings, high, low = {}, {}, None, None
+        for j in ks:
+            if j in unlearned:
+                floors[j] = high
+            elif high is None or verify[j] > high:
+                high = verify[j]
+        for j in reversed(ks):
+            if j in unlearned:
+                ceilings[j] = low
+            elif low is None or verify[j] < low:
+                low = verify[j]
         for other in unlearned:
             figure = grid[other] * scale
-            floor = max((verify[j] for j in learned if j < other), default=figure)
-            ceiling = min((verify[j] for j in learned if j > other), default=figure)
+            floor, ceiling = floors[other], ceilings[other]
+            floor = figure if floor is None else floor
+            ceiling = figure if ceiling is None else ceiling
             verify[other] = min(max(figure, floor), max(ceiling, floor))
 
     def observe(self, k: int, verify_s: float, host_s: float, propose_s: float) -> None:
@@ -135,13 +147,14 @@ class StepCostModel:
         if steady:
             verify = self.verify_s
             before = verify[k]
-            verify[k] += a * (verify_s - before)
-            _carry(verify, k, before, follow)
+            verify[k] = mine = before + a * (verify_s - before)
+            if follow:
+                _carry(verify, k, before, follow)
             if self.unlearned:
                 self._calibrate(k)
             for other in self.ks:  # keep the order of K (see the class docstring)
-                if (other > k and verify[other] < verify[k]) or (other < k and verify[other] > verify[k]):
-                    verify[other] = verify[k]
+                if (verify[other] > mine) if other < k else (other > k and verify[other] < mine):
+                    verify[other] = mine
         elif self._observed_k is not None:
             excess = verify_s - self.verify_s[k]
             self.penalty_s += self.penalty_ema * (excess - self.penalty_s)
@@ -152,7 +165,7 @@ class StepCostModel:
                     host[key] = host_s
         before = host[k]
         host[k] += a * (host_s - before)
-        if steady:
+        if steady and follow:
             _carry(host, k, before, follow)
         self.last_k = self._observed_k = k
         if propose_s > 0:
@@ -283,9 +296,8 @@ class AcceptanceEstimator:
             return
         fade = self.config.decay ** len(scored)
         tries, hits = self.tries, self.hits
-        for j in range(len(tries)):
-            tries[j] *= fade
-            hits[j] *= fade
+        tries[:] = [t * fade for t in tries]
+        hits[:] = [h * fade for h in hits]
         for checked, matched in scored:
             _count(tries, hits, checked, matched)
         self._extra = self._row_cache = None
@@ -346,13 +358,16 @@ class Goodput(KPolicy):
       "Policy and proposer cost at sub-millisecond steps".]
 
     Its own time: once the estimate is settled, observed steps are counted into the estimates
-    every ``reprice_every`` steps (and before the budget is re-priced), and ``choose_k`` reuses
-    a decision for the same proposals, last K and requests until then; while the proposer is
-    skipped, a step between peeks reads nothing and only counts toward the next peek. At 1 ms
-    steps (batch 1, code) the policy took 63 us a step in a generation when it did all of it
-    every step (3-4x what it takes driven alone: caches are cold after each verify run), and
-    31-36 us so; smallest_covering takes 7-8. ["Issue 23, round 3"; the skipping steps:
-    "Issue 23, round 6".]
+    every ``reprice_every`` steps, the budget is priced again at the next step (and at every
+    peek), and ``choose_k`` reuses a decision for the same proposals, last K and requests until
+    the next count; while the proposer is skipped, a step between peeks reads nothing and only
+    counts toward the next peek. At 1 ms steps (batch 1, code) the policy took 63 us a step in a
+    generation when it did all of it every step (3-4x what it takes driven alone: caches are
+    cold after each verify run), and 31-36 us so; smallest_covering takes 7-8. On a slower
+    machine in round 13 it took 57 us a step at batch 1 and 137 us at batch 8 (smallest_covering
+    16 and 25, with the timing's own cost in every figure), after its pricing loops were
+    rewritten with the same decisions (66 and 168 before). ["Issue 23, round 3"; the skipping
+    steps: "Issue 23, round 6"; "Issue 23, round 13".]
 
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
@@ -394,7 +409,6 @@ class Goodput(KPolicy):
         self.weights: list[float] | None = None
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
         self._budget_k: int | None = None  # the last priced proposer budget (0: skip)
-        self._reprice = 0  # steps until the budget is priced again
         self._decided: dict[tuple, int] = {}  # choose_k's decisions since the estimates last changed
         self._pending: list = []  # (outcome, offered) of steps observed but not yet counted
         self._settled = False  # the estimates have enough evidence to act on (as of the last count)
@@ -405,46 +419,47 @@ class Goodput(KPolicy):
         return self.acceptance.run_on(len(self.left))
 
     def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0,
-              weights: Sequence[float] | None = None, share: float = 1.0) -> dict[int, float]:
+              weights: Sequence[float] | None = None, share: float = 1.0, budget: bool = False) -> dict[int, float]:
         """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
 
-        ``share`` < 1 prices a step before the proposer has run: each row gets its proposal
-        with chance ``share``, and when no row gets one the step runs at the cheapest K. Plain
-        Python on purpose: it runs for a handful of rows and K values.
+        ``budget`` prices the proposer budget, before the proposer has run: each row gets its
+        proposal with chance ``share``, and when no row gets one the step runs at the cheapest
+        K. Plain Python on purpose: it runs for a handful of rows and K values.
         """
         # Each row at its request's own estimate; except when pricing the proposer budget at
         # batch 1, where a request's own record early on is a few proposals and skipping the
         # proposer on it would also stop the evidence that could correct it.
-        own = len(self.requests) == len(proposal_counts) and (share >= 1.0 or self.rows > 1)
+        own = len(self.requests) == len(proposal_counts) and not (budget and self.rows == 1)
         extras = self.acceptance.row_extras(self.requests if own else [None] * len(proposal_counts))
         if weights is None or len(weights) != len(proposal_counts):
             weights = [1.0] * len(proposal_counts)
         base = sum(weights)
-        costs = {k: self.costs.step_cost(k) for k in self.ks}
-        low = min(costs, key=lambda k: (costs[k], k))
-        low_cost = costs[low]
+        model, ks = self.costs, self.ks
+        costs = [model.step_cost(k) for k in ks]
+        low_cost = min(costs)
+        low = ks[costs.index(low_cost)]  # the first (smallest) K of the lowest cost
         some = any_proposes(share, len(proposal_counts))
-        last = self.costs.last_k
+        last = model.last_k
+        # What changing shape adds to a step at each K (none for the cheapest K)
         if last == low:
             # Leaving the cheapest K costs the switch penalty now and again when proposals run
             # out; each step of the run they are expected to last carries its share of both.
-            leave = 2.0 * (1.0 - self.run_on()) * self.costs.penalty_s
-            for k in self.ks:
-                if k != low:
-                    costs[k] += leave
-        elif last in costs and share >= 1.0:
+            add, keep = 2.0 * (1.0 - self.run_on()) * model.penalty_s, low
+        elif last in model.verify_s and not budget:
             # From one speculating shape to another: the penalty once (choose_k only).
-            for k in self.ks:
-                if k not in (low, last):
-                    costs[k] += max(self.costs.penalty_s, 0.0)
+            add, keep = max(model.penalty_s, 0.0), last
+        else:
+            add, keep = 0.0, low
         rows = [(w, n, extra) for w, n, extra in zip(weights, proposal_counts, extras) if n]
         out = {}
-        for k in self.ks:
-            tokens = base + share * sum(w * extra[min(n, k)] for w, n, extra in rows)
-            cost = costs[k]
+        for k, cost in zip(ks, costs):
+            # (the extra of a row proposing n tokens at K is extra[min(n, K)])
+            tokens = base + share * sum([w * extra[k if k < n else n] for w, n, extra in rows])
             if k != low:
+                if k != keep:
+                    cost += add
                 cost = some * cost + (1.0 - some) * low_cost + extra_propose_s
-            out[k] = tokens / max(cost, 1e-9)
+            out[k] = tokens / (cost if cost > 1e-9 else 1e-9)
         return out
 
     def row_weights(self) -> list[float] | None:
@@ -458,10 +473,15 @@ class Goodput(KPolicy):
     def best(self, rates: dict[int, float]) -> int:
         """The K of the highest rate (ties to the smaller K); a K above the last one (the smallest
         before any step) must beat every K up to it by ``margin``."""
-        last = self.costs.last_k if self.costs.last_k in rates else min(rates)
-        floor = max(r for k, r in rates.items() if k <= last) * (1.0 + self.config.margin)
-        rates = {k: r for k, r in rates.items() if k <= last or r > floor}
-        return max(rates, key=lambda k: (rates[k], -k))
+        ks = sorted(rates)
+        last = self.costs.last_k if self.costs.last_k in rates else ks[0]
+        floor = max(rates[k] for k in ks if k <= last) * (1.0 + self.config.margin)
+        best, top = ks[0], rates[ks[0]]
+        for k in ks[1:]:
+            rate = rates[k]
+            if rate > top and (k <= last or rate > floor):
+                best, top = k, rate
+        return best
 
     # -- the KPolicy protocol -----------------------------------------------------------------
 
@@ -486,15 +506,14 @@ class Goodput(KPolicy):
             self.skipping = False
             return k_max
         # What full-length proposals could bring from the rows that usually propose, paying
-        # the proposer as well; re-priced every ``reprice_every`` steps and at every peek (the
-        # estimates it reads move slowly, and pricing is most of the policy's time per step).
-        self._reprice -= 1
-        if peek or self._reprice <= 0 or self._budget_k is None:
-            self.count_pending()
+        # the proposer as well; priced again after each count of the observed steps and at every
+        # peek (the estimates it reads move slowly, and pricing is most of the policy's time).
+        if peek or self._budget_k is None:
+            if peek:
+                self.count_pending()
             full = [self.ks[-1]] * len(self.left)
             self._budget_k = self.best(self.rates(full, self.costs.propose_s or 0.0, self.row_weights(),
-                                                  share=self.acceptance.yield_rate))
-            self._reprice = self.config.reprice_every
+                                                  share=self.acceptance.yield_rate, budget=True))
         self.skipping = self._budget_k == 0
         return k_max if peek else min(k_max, self._budget_k)
 
@@ -553,6 +572,7 @@ class Goodput(KPolicy):
             acceptance.observe_rows(outcome.scored_requests, outcome.scored)
         self._pending.clear()
         self._decided.clear()
+        self._budget_k = None  # priced again at the next step
         self._settled = acceptance.settled()
         if costs.propose_s is not None:
             # A peek costs the proposer and about a step's host work (scoring, estimates).

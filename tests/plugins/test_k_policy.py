@@ -405,7 +405,7 @@ def test_goodput_does_not_stop_the_proposer_on_its_prior_alone():
     assert all(budgets[: 4 * DEFAULTS.evidence]) and policy.skipping and 0 in budgets[4 * DEFAULTS.evidence:]
 
 
-def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_peeks():
+def test_goodput_prices_the_proposer_budget_after_each_counting_and_at_peeks():
     policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0})
     feed(policy, 7, 7, 7, steps=2 * DEFAULTS.evidence)  # settled: proposals hold
     assert policy.acceptance.settled()
@@ -413,13 +413,17 @@ def test_goodput_prices_the_proposer_budget_every_reprice_every_steps_and_at_pee
     original = policy.rates
     policy.rates = lambda *a, **kw: priced.append(kw.get("share")) or original(*a, **kw)
     policy.peek_every = 10**6  # no peek in this window
+    policy.count_pending()
     every = DEFAULTS.reprice_every
-    budgets = [policy.propose_budget(7, context()) for _ in range(3 * every)]
+    budgets = []
+    for _ in range(3 * every):  # steps are counted every ``every`` steps; the budget is priced after
+        budgets.append(policy.propose_budget(7, context()))
+        feed(policy, 7, 7, 7, steps=1)
     assert budgets == [7] * 3 * every and len(priced) == 3  # steps 1, 1 + every and 1 + 2 * every
     # a budget priced as "skip" holds until the next peek re-prices it
     policy.acceptance.hits = [0.0] * len(policy.acceptance.hits)  # nothing holds any more
     policy.acceptance._extra = None
-    policy._reprice = 1
+    policy._budget_k = None  # as after a counting
     assert policy.propose_budget(7, context()) == 0 and policy.skipping
     assert [policy.propose_budget(7, context()) for _ in range(5)] == [0] * 5 and len(priced) == 4
 
@@ -489,6 +493,8 @@ def test_goodput_prices_the_batch_1_budget_on_the_pooled_estimate():
         scored_by_request(policy, [{5: (1, 0)}])
     policy.since_peek = 0
     policy.count_pending()
+    policy._budget_k = None  # priced at this step (the proposer ran on every call so far: yield 1)
+    assert policy.acceptance.yield_rate == 1.0
     assert policy.propose_budget(7, StepContext((100,), 0, 1, (5,))) == 7 and not policy.skipping
     policy.costs.last_k = 0
     assert policy.choose_k([7], KS) == 0
