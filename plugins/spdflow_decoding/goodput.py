@@ -422,9 +422,10 @@ class Goodput(KPolicy):
               weights: Sequence[float] | None = None, share: float = 1.0, budget: bool = False) -> dict[int, float]:
         """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
 
-        ``budget`` prices the proposer budget, before the proposer has run: each row gets its
-        proposal with chance ``share``, and when no row gets one the step runs at the cheapest
-        K. Plain Python on purpose: it runs for a handful of rows and K values.
+        ``share`` < 1 prices a step before the proposer has run: each row gets its proposal
+        with chance ``share``, and when no row gets one the step runs at the cheapest K.
+        ``budget`` marks the proposer budget's pricing (it reads the pooled estimate at batch 1).
+        Plain Python on purpose: it runs for a handful of rows and K values.
         """
         # Each row at its request's own estimate; except when pricing the proposer budget at
         # batch 1, where a request's own record early on is a few proposals and skipping the
@@ -445,8 +446,9 @@ class Goodput(KPolicy):
             # Leaving the cheapest K costs the switch penalty now and again when proposals run
             # out; each step of the run they are expected to last carries its share of both.
             add, keep = 2.0 * (1.0 - self.run_on()) * model.penalty_s, low
-        elif last in model.verify_s and not budget:
-            # From one speculating shape to another: the penalty once (choose_k only).
+        elif last in model.verify_s and share >= 1.0:
+            # From one speculating shape to another: the penalty once (choose_k, and a budget
+            # priced for rows that always propose).
             add, keep = max(model.penalty_s, 0.0), last
         else:
             add, keep = 0.0, low
