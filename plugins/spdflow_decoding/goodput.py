@@ -446,7 +446,7 @@ class Goodput(KPolicy):
             # Leaving the cheapest K costs the switch penalty now and again when proposals run
             # out; each step of the run they are expected to last carries its share of both.
             add, keep = 2.0 * (1.0 - self.run_on()) * model.penalty_s, low
-        elif last in model.verify_s and share >= 1.0:
+        elif last in ks and share >= 1.0:
             # From one speculating shape to another: the penalty once (choose_k, and a budget
             # priced for rows that always propose).
             add, keep = max(model.penalty_s, 0.0), last
