@@ -14,12 +14,14 @@ proposer time are the recorded run's means, times a seeded log-normal noise
 (``--noise``, default 0.2; verify times get half of it) — repeatable, and each seed is a
 different plausible machine. Figures are the median over ``--seeds`` replays, with min and max.
 
-    python benchmarks/k_policy_replay.py --make-runs /tmp/kpr            # record the runs (~2 min)
+    python benchmarks/k_policy_replay.py --make-runs /tmp/kpr            # record the runs, time their grids (~4 min)
     python benchmarks/k_policy_replay.py --runs /tmp/kpr --seeds 4       # replay (~3 min)
     python benchmarks/k_policy_replay.py --runs /tmp/kpr --set margin=0.1 # another setting
     python benchmarks/k_policy_replay.py --make-runs /tmp/kpr2 --seed 11  # other prompts (held out)
 
-Only whatif's priced figures are used; no figure here is a measured speed.
+Only whatif's priced figures are used; no figure here is a measured speed. ``--make-runs`` times
+every run's grids at ``--batch-sizes`` itself, one run at a time, so replays only read them and
+several can run at once; keep the machine otherwise quiet while it does.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ from k_policy_tables import LINE, WORKLOADS  # noqa: E402
 DEFAULT_WORKLOADS = "code,rare,synthetic_0.3,synthetic_0.6,synthetic_0.9,stdlib_tests,thirdparty"
 
 
-def make_runs(out: Path, workloads: list[str], count: int, seed: int) -> None:
-    """One greedy ``spdflow run`` per workload at batch 1 (the replay changes the batch size)."""
+def make_runs(out: Path, workloads: list[str], count: int, seed: int, batch_sizes: list[int]) -> None:
+    """One greedy ``spdflow run`` per workload at batch 1 (the replay changes the batch size),
+    then each run's grids at ``batch_sizes`` (:func:`time_grids`)."""
     out.mkdir(parents=True, exist_ok=True)
     for name in workloads:
         workload = WORKLOADS[name]
@@ -54,6 +57,28 @@ def make_runs(out: Path, workloads: list[str], count: int, seed: int) -> None:
             command += ["--set", override]
         print(f"== {name}: {' '.join(command[3:])}", file=sys.stderr, flush=True)
         subprocess.run(command, cwd=REPO, check=True)
+    time_grids(out, workloads, batch_sizes)
+
+
+def time_grids(out: Path, workloads: list[str], batch_sizes: list[int]) -> None:
+    """Time each recorded run's step-cost grid at every batch size now, one run at a time.
+
+    The replays price every step from these grids and goodput starts from them. Left to the
+    replays, a grid is timed on first use, under whatever else runs then: two replays started
+    together once timed each other's load into batch 2's grid (K = 0 8.6 ms, K = 2 4.4 ms), and
+    goodput sat at K = 4 in that priced world, a -35 % cell that was the grid's, not the rule's.
+    """
+    from spdflow import whatif as wi
+    from spdflow.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    for name in workloads:
+        run = wi.load_run(out / name, pm)
+        cost = wi.make_cost_model(pm, run, "measured")
+        ks = sorted(set(run.recipe.k_list()) | {0})
+        cost.prepare({batch: ks for batch in batch_sizes})
+        loads = {batch: entry.load[0] for batch, entry in sorted(cost.grid.items()) if entry.load}
+        print(f"== {name}: grids timed at batch sizes {batch_sizes} (1-minute load {loads})", file=sys.stderr, flush=True)
 
 
 def steady_plugin(settings: dict):
@@ -159,15 +184,15 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.2, help="log-normal sigma of the fed timings (default 0.2)")
     parser.add_argument("--json", type=Path, help="also write the per-seed figures here")
     args = parser.parse_args()
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.make_runs:
-        make_runs(args.make_runs, args.workloads.split(","), args.count, args.seed)
+        make_runs(args.make_runs, args.workloads.split(","), args.count, args.seed, sizes)
         return
     if not args.runs:
         parser.error("give --make-runs DIR or --runs DIR")
     import yaml
 
     settings = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.settings)}
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
     results = replay_all(args.runs, args.policy, settings, sizes, args.seeds, args.noise)
     if args.json:
         args.json.write_text(json.dumps({"policy": args.policy, "settings": settings, "noise": args.noise,

@@ -63,3 +63,31 @@ def test_a_recorded_run_replays_under_steady_goodput(replay, tmp_path):
     for cell in cells.values():
         assert len(cell["regret"]) == 2 and all(-1.0 < r < 1.0 for r in cell["regret"])
         assert all(0.0 < e <= 1.5 for e in cell["efficiency"])
+
+
+def test_make_runs_times_every_grid_before_any_replay(replay, tmp_path, monkeypatch):
+    # Replays started together once timed each other's load into the grids they priced with:
+    # the grids are timed when the runs are made, one run at a time, at every batch size.
+    from spdflow import whatif as wi
+
+    timed = []
+
+    class Cost:
+        grid = {}
+
+        def prepare(self, needs):
+            timed.append(needs)
+
+    class Run:
+        class recipe:
+            @staticmethod
+            def k_list():
+                return [2, 4, 7]
+
+    calls = []
+    monkeypatch.setattr(replay.subprocess, "run", lambda command, **kw: calls.append(command))
+    monkeypatch.setattr(wi, "load_run", lambda run_dir, pm: Run)
+    monkeypatch.setattr(wi, "make_cost_model", lambda pm, run, name: Cost())
+    replay.make_runs(tmp_path, ["code", "rare"], 4, 0, [1, 2, 8])
+    assert len(calls) == 2 and all("specialization.batch_size=1" in c for c in calls)
+    assert timed == [{1: [0, 2, 4, 7], 2: [0, 2, 4, 7], 8: [0, 2, 4, 7]}] * 2
