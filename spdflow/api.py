@@ -592,9 +592,9 @@ class CostModel:
     proposals (seq_len K+1) when the previous step used the same K; ``switch_s(batch)`` the extra
     time of the first step after a change of K; ``prefill_s(batch, seq_len)`` one prefill chunk
     (None: take the run's own measured prefill). Proposer and host time are not priced here
-    unless ``includes_host``: the replay measures them, since they run on the host either way.
-    ``describe()`` says where
-    every number comes from; it is printed with every prediction.
+    unless ``includes_host``, ``host_per_step_s`` or ``propose_per_call_s`` says so: the replay
+    measures them, since they run on the host either way. ``describe()`` says where every number
+    comes from; it is printed with every prediction.
     """
 
     name: str = ""
@@ -602,6 +602,12 @@ class CostModel:
     #: fitted on an end-to-end time per token): the replay then runs on priced time alone
     #: instead of adding the host and proposer time it measures on this machine.
     includes_host: bool = False
+    #: seconds of host work charged per decode step instead of the replay's own (None: its own)
+    host_per_step_s: float | None = None
+    #: seconds charged per proposer call instead of what the proposer took in the replay (None:
+    #: what it took). Set it to compare replays with each other: the proposer's real time moves
+    #: with the machine's load, by 1-2 % of a batch-8 replay's tokens/s on prompt lookup.
+    propose_per_call_s: float | None = None
 
     def verify_s(self, batch: int, k: int) -> float:
         raise NotImplementedError

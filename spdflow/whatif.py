@@ -439,18 +439,34 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
         figures = charge_host(figures, host)
         notes.append(f"host time: the run's own {host * 1e3:.3f} ms per step (the replay's own host work runs with "
                      "no real backend beside it and is cheaper than a generation's)")
+    per_call = getattr(cost, "propose_per_call_s", None)
+    if per_call is not None and not clock.priced_only and figures.steps:
+        calls = sum(1 for r in records if r.get("kind") == "step" and r["propose_s"] > 0)
+        figures = charge_proposer(figures, calls, per_call)
+        notes.append(f"proposer time: {per_call * 1e3:.3f} ms per call, as the cost model says (not what the "
+                     "proposer took in this replay)")
     return Prediction(scenario, figures, exact and identical, notes, identical)
 
 
 def charge_host(figures: Figures, host_per_step_s: float) -> Figures:
     """``figures`` with every step's host time set to ``host_per_step_s`` (wall and rates follow)."""
-    delta = figures.steps * host_per_step_s - figures.host_s
+    return _recharge(figures, "host_s", figures.steps * host_per_step_s)
+
+
+def charge_proposer(figures: Figures, calls: int, per_call_s: float) -> Figures:
+    """``figures`` with each of ``calls`` proposer calls taking ``per_call_s`` (wall and rates follow)."""
+    return _recharge(figures, "propose_s", calls * per_call_s)
+
+
+def _recharge(figures: Figures, field: str, total_s: float) -> Figures:
+    """``figures`` with ``field`` (seconds spent in decode steps) set to ``total_s``."""
+    delta = total_s - getattr(figures, field)
     wall = figures.wall_s + delta
     decode = None
     if figures.decode_tokens_per_s:
         decode_s = figures.generated_tokens / figures.decode_tokens_per_s + delta
         decode = figures.generated_tokens / decode_s if decode_s > 0 else None
-    return dataclasses.replace(figures, wall_s=wall, host_s=figures.host_s + delta, decode_tokens_per_s=decode,
+    return dataclasses.replace(figures, wall_s=wall, decode_tokens_per_s=decode, **{field: total_s},
                                tokens_per_s=figures.generated_tokens / wall if wall > 0 else None)
 
 
