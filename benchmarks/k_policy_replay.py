@@ -14,9 +14,10 @@ proposer time are the recorded run's means, times a seeded log-normal noise
 (``--noise``, default 0.2; verify times get half of it) — repeatable, and each seed is a
 different plausible machine. The priced figures of every replay (the policy's, no-spec's, each
 fixed K's, and so the oracle's) charge each proposer call the recorded run's mean too
-(``CostModel.propose_per_call_s``): the proposer's real time in the replay process had moved one
-cell's regret from -5.5 % to -3.0 % between two replays of it. Figures are the median over
-``--seeds`` replays, with min and max.
+(``CostModel.propose_per_call_s``), beside its host time per step, so that no real time of the
+replay process counts: before, the proposer's real time had moved one cell's regret from -5.5 %
+to -3.0 % between two replays of it. Figures are the median over ``--seeds`` replays, with min
+and max.
 
     python benchmarks/k_policy_replay.py --make-runs /tmp/kpr            # record the runs, time their grids (~4 min)
     python benchmarks/k_policy_replay.py --runs /tmp/kpr --seeds 4       # replay (~3 min)

@@ -605,8 +605,9 @@ class CostModel:
     #: seconds of host work charged per decode step instead of the replay's own (None: its own)
     host_per_step_s: float | None = None
     #: seconds charged per proposer call instead of what the proposer took in the replay (None:
-    #: what it took). Set it to compare replays with each other: the proposer's real time moves
-    #: with the machine's load, by 1-2 % of a batch-8 replay's tokens/s on prompt lookup.
+    #: what it took). With ``host_per_step_s`` set as well, no real time is counted at all and
+    #: two replays agree exactly; set both to compare replays with each other (the proposer's
+    #: real time moved a batch-8 replay's tokens/s by 1-2 % between two replays).
     propose_per_call_s: float | None = None
 
     def verify_s(self, batch: int, k: int) -> float:

@@ -37,6 +37,7 @@ import numpy as np
 
 from spdflow.api import CostContext, CostModel, ModelInfo, Request, Sampling
 from spdflow.errors import RunDataError, UsageError
+from spdflow.hookspecs import hookimpl
 from spdflow.bench import own_settings
 from spdflow.plugins import make_k_policy, required_ks, resolve_acceptance, speculates
 from spdflow.recipe.schema import KPolicySpec
@@ -165,13 +166,15 @@ class ReplayClock:
     The real time from the clock reading before a verify (the generator's ``verify_start``) to
     the reading after it — hook dispatch and the replay session's own work — is replaced by the
     price. Host work between two runs with no reading between them (prefill chunks) stays real.
+    With ``priced_only`` no real time passes at all: for a cost model whose step times include
+    the host's work, and for one that charges both host time per step and each proposer call.
     """
 
     def __init__(self, priced_only: bool = False) -> None:
         self.offset = 0.0
         self._last_real = time.perf_counter()
         self._after_run = False
-        #: only priced time passes (a cost model whose step times include the host's work)
+        #: only priced time passes (see the class docstring)
         self.priced_only = priced_only
 
     def __call__(self) -> float:
@@ -408,7 +411,11 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     config = LoopConfig(spec.prefill_seq_len, spec.ctx_len, spec.batch_size, spec.full_batch_size,
                         list(scenario.k_list) if with_proposer else [0], info.eos_token_ids, info.pad_token_id,
                         info.vocab_size, sampling, workload.ignore_eos)
-    clock = ReplayClock(priced_only=bool(getattr(cost, "includes_host", False)))
+    whole = bool(getattr(cost, "includes_host", False))
+    host, per_call = (None, None) if whole else (getattr(cost, "host_per_step_s", None),
+                                                 getattr(cost, "propose_per_call_s", None))
+    # host and proposer both charged: nothing real is left to count, and the replay is repeatable
+    clock = ReplayClock(priced_only=whole or (host is not None and per_call is not None))
     rows = spec.full_batch_size or spec.batch_size
     session = ReplaySession(run, rows, cost, clock, spec.prefill_seq_len, measured_prefill(run))
     engine = Engine(pm, loaded, RunOptions(), NullUI())
@@ -420,53 +427,56 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     records: list[dict] = []
     generator = Generator(pm, session, config, proposer=proposer, proposer_name=name, policy=policy,
                           acceptor=acceptor, trace=records.append, clock=clock)
+    charged = _ChargedProposer(clock, per_call) if per_call is not None and proposer is not None else None
+    if charged is not None:
+        pm.register(charged)
     try:
         results = generator.generate(run.requests)
     finally:
+        if charged is not None:
+            pm.unregister(charged)
         if proposer is not None:
             proposer.close()
         engine.close_sessions()
     identical = all(np.array_equal(r.tokens, run.outputs[r.index]) for r in results)
     exact, notes = fidelity(run, scenario.policy, pm) if with_proposer else (run.recipe.workload.temperature == 0, [])
-    if clock.priced_only:
+    if whole:
         notes.append(f"cost model '{cost.name}' prices whole steps (host and proposer included): only priced time counts")
     if not identical:
         notes.append("the replay did not emit the recorded tokens: the run was not lossless or its files disagree; "
                      "this prediction is not trustworthy")
     figures = Figures.from_records(records)
-    host = getattr(cost, "host_per_step_s", None)
-    if host is not None and not clock.priced_only and figures.steps:
+    if host is not None and figures.steps:
         figures = charge_host(figures, host)
         notes.append(f"host time: the run's own {host * 1e3:.3f} ms per step (the replay's own host work runs with "
                      "no real backend beside it and is cheaper than a generation's)")
-    per_call = getattr(cost, "propose_per_call_s", None)
-    if per_call is not None and not clock.priced_only and figures.steps:
-        calls = sum(1 for r in records if r.get("kind") == "step" and r["propose_s"] > 0)
-        figures = charge_proposer(figures, calls, per_call)
+    if charged is not None:
         notes.append(f"proposer time: {per_call * 1e3:.3f} ms per call, as the cost model says (not what the "
                      "proposer took in this replay)")
     return Prediction(scenario, figures, exact and identical, notes, identical)
 
 
+class _ChargedProposer:
+    """A plugin that puts every proposer call of a replay on its clock at one price."""
+
+    def __init__(self, clock: ReplayClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    @hookimpl(hookwrapper=True)
+    def spdflow_propose(self, proposer, inputs):
+        yield
+        self.clock.priced(self.seconds)  # the call's real time is replaced, as a verify run's is
+
+
 def charge_host(figures: Figures, host_per_step_s: float) -> Figures:
     """``figures`` with every step's host time set to ``host_per_step_s`` (wall and rates follow)."""
-    return _recharge(figures, "host_s", figures.steps * host_per_step_s)
-
-
-def charge_proposer(figures: Figures, calls: int, per_call_s: float) -> Figures:
-    """``figures`` with each of ``calls`` proposer calls taking ``per_call_s`` (wall and rates follow)."""
-    return _recharge(figures, "propose_s", calls * per_call_s)
-
-
-def _recharge(figures: Figures, field: str, total_s: float) -> Figures:
-    """``figures`` with ``field`` (seconds spent in decode steps) set to ``total_s``."""
-    delta = total_s - getattr(figures, field)
+    delta = figures.steps * host_per_step_s - figures.host_s
     wall = figures.wall_s + delta
     decode = None
     if figures.decode_tokens_per_s:
         decode_s = figures.generated_tokens / figures.decode_tokens_per_s + delta
         decode = figures.generated_tokens / decode_s if decode_s > 0 else None
-    return dataclasses.replace(figures, wall_s=wall, decode_tokens_per_s=decode, **{field: total_s},
+    return dataclasses.replace(figures, wall_s=wall, host_s=figures.host_s + delta, decode_tokens_per_s=decode,
                                tokens_per_s=figures.generated_tokens / wall if wall > 0 else None)
 
 

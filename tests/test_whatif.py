@@ -305,18 +305,7 @@ def test_charge_host_moves_wall_and_rates_with_the_host_time():
     assert charged.decode_tokens_per_s == pytest.approx(100 / (0.5 + 0.1))
 
 
-def test_charge_proposer_moves_wall_and_rates_with_the_proposer_time():
-    from spdflow.whatif import Figures, charge_proposer
-
-    figures = Figures(100.0, 200.0, 10, {0: 10}, 1.0, 1.0, 0.5, 0.02, 0.01, 0.2, 100)
-    charged = charge_proposer(figures, 4, 0.03)  # 4 calls x 30 ms = 0.12 s instead of 0.02 s
-    assert charged.propose_s == pytest.approx(0.12) and charged.wall_s == pytest.approx(1.1)
-    assert charged.host_s == figures.host_s
-    assert charged.tokens_per_s == pytest.approx(100 / 1.1)
-    assert charged.decode_tokens_per_s == pytest.approx(100 / (0.5 + 0.1))
-
-
-def test_a_cost_model_that_prices_the_proposer_charges_each_call_its_price(greedy_run):
+def test_a_cost_model_that_prices_host_and_proposer_makes_replays_repeatable(greedy_run):
     pm = get_plugin_manager()
     run = load_run(greedy_run, pm)
     cost = make_cost_model(pm, run, "measured")
@@ -326,8 +315,9 @@ def test_a_cost_model_that_prices_the_proposer_charges_each_call_its_price(greed
     first, second = (replay(pm, run, own_scenario(run), cost) for _ in range(2))
     for prediction in (first, second):
         assert prediction.figures.propose_s == pytest.approx(calls * 0.004)
-    # what is left real (prefill host work) is a small part of the run
-    assert first.figures.tokens_per_s == pytest.approx(second.figures.tokens_per_s, rel=0.02)
+    # host and proposer both charged: nothing real is left, and two replays agree exactly
+    assert first.figures.host_s == pytest.approx(first.figures.steps * cost.host_per_step_s)
+    assert first.figures.tokens_per_s == second.figures.tokens_per_s
     assert any("proposer time: 4.000 ms per call" in n for n in first.notes)
 
 
