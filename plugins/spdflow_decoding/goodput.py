@@ -5,8 +5,9 @@
   first step after a change of K (the switch penalty), and the proposer's time per call.
 * :class:`AcceptanceEstimator` — what proposals are worth: per-position acceptance from scored
   proposals (every proposal compared with the tokens its request went on to generate, so a
-  proposal cut to a smaller K or not verified at all still counts), pooled and per request, how
-  often rows return a proposal, and how long runs of steps with proposals last.
+  proposal cut to a smaller K or not verified at all still counts), pooled, per request and
+  after each way a request's last proposal fared; how often rows return a proposal, and how
+  long runs of steps with proposals last.
 * :class:`Goodput` — the decision rule: each step, the compiled K with the most expected tokens
   per second; whether to call the proposer at all; when to peek at it while skipping.
 
@@ -43,6 +44,7 @@ class GoodputConfig(BaseModel):
     margin: float = Field(0.03, ge=0.0, description="How much better a K larger than the last step's must be than every K up to the last to be chosen (from K = 0: to leave K = 0).")
     evidence: int = Field(32, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
     row_weight: float = Field(2.0, ge=0.0, description="Pseudo-trials at the pooled acceptance behind each request's own scored proposals, per position (large: pooled only).")
+    outcome_batch: int = Field(4, ge=0, description="From this many rows up (0: never), scale each row's acceptance by how proposals fared after one that fared like its request's last decided proposal (missed its first token, held in part, held whole); at batch 1 and 2 the replays measured it worse.")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
 
 
@@ -195,10 +197,15 @@ class AcceptanceEstimator:
     first at ``prior_accept``). ``yield_rate`` is the share of rows that return a proposal when
     the proposer runs; ``follows`` counts, fading by ``1 - yield_ema``, steps with proposals
     whose next proposer call was seen, and those that had proposals again (for :meth:`run_on`).
+
+    ``last[request]`` is how the request's last decided proposal fared (:data:`MISSED`,
+    :data:`IN_PART`, :data:`WHOLE`), and ``after[o]`` counts, per position, the scored proposals
+    decided after one that fared ``o`` (with ``by_outcome``; see :meth:`row_extras`).
     """
 
-    def __init__(self, max_k: int, config: GoodputConfig):
+    def __init__(self, max_k: int, config: GoodputConfig, by_outcome: bool = False):
         self.config = config
+        self.by_outcome = by_outcome  # read each row's last outcome (see row_extras)
         # Index j is proposal position j (1-based); index 0 is unused.
         self.tries = [0.0] * (max_k + 1)
         self.hits = [0.0] * (max_k + 1)
@@ -211,6 +218,8 @@ class AcceptanceEstimator:
         self.by_request: dict[int, tuple[list[int], list[int]]] = {}  # request -> (tries, hits) per position
         self._row_key: tuple = ()
         self._row_cache: list[list[float]] | None = None
+        self.last: dict[int, int] = {}  # request -> how its last decided proposal fared
+        self.after = [([0.0] * (max_k + 1), [0.0] * (max_k + 1)) for _ in OUTCOMES]  # (tries, hits) per outcome
 
     def expected_extra(self) -> list[float]:
         """``extra[n]``: expected accepted proposals of a row that proposes n tokens (cached)."""
@@ -231,24 +240,67 @@ class AcceptanceEstimator:
         pseudo-trials at the pooled rate (a request with no scored proposal, or ``None``, gets
         the pooled estimate). Requests differ: over 16 code prompts the share of proposals whose
         first token held ranged 0.27-0.94 between requests, and in a static batch the slowest
-        request sets the batch's length. Cached until an estimate changes.
+        request sets the batch's length.
+
+        With ``by_outcome`` (goodput's ``outcome_batch``), that rate is then scaled by the rate
+        after the request's last outcome over the pooled rate (at most 0.995): prompt lookup
+        copies in spells, and along a fixed K = 7 path through the code runs, a proposal's first
+        token held 0.86 of the time after one that held whole and 0.25 after one that missed
+        (benchmarks/README.md, "Issue 23, round 15"). Cached until an estimate or an outcome
+        changes.
         """
         pooled_extra = self.expected_extra()  # (a new pooled estimate drops the cache)
-        key = tuple(requests)
+        outcomes = self.by_outcome
+        key = (tuple(requests), tuple(self.last.get(r) for r in requests) if outcomes else None)
         if self._row_key == key and self._row_cache is not None:
             return self._row_cache
         pooled, weight = self._rates, self.config.row_weight
+        after = self._after_rates() if outcomes else None
         extras = []
         for request in requests:
             seen = self.by_request.get(request) if request is not None else None
-            if seen is None:
+            outcome = self.last.get(request) if outcomes and request is not None else None
+            if seen is None and outcome is None:
                 extras.append(pooled_extra)
                 continue
-            tries, hits = seen
-            extras.append(_running_extra([1.0] + [(hits[j] + weight * rate) / (tries[j] + weight)
-                                                  for j, rate in enumerate(pooled) if j]))
+            tries, hits = seen if seen is not None else (None, None)
+            rates = [1.0]
+            for j in range(1, len(pooled)):
+                rate = pooled[j] if seen is None else (hits[j] + weight * pooled[j]) / (tries[j] + weight)
+                if outcome is not None:
+                    rate = min(0.995, rate * after[outcome][j])
+                rates.append(rate)
+            extras.append(_running_extra(rates))
         self._row_key, self._row_cache = key, extras
         return extras
+
+    def _after_rates(self) -> list[list[float]]:
+        """Per outcome, per position: the rate after that outcome over the pooled rate (each
+        behind ``prior_weight`` pseudo-trials at the pooled rate)."""
+        pooled, weight = self._rates, self.config.prior_weight
+        return [[1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
+                         for j in range(1, len(pooled))]
+                for tries, hits in self.after]
+
+    def note_outcomes(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> list[int | None]:
+        """Each scored proposal's request's last outcome before it; then the new last outcomes."""
+        before, last = [], self.last
+        for request, (checked, matched) in zip(requests, scored):
+            before.append(last.get(request))
+            last[request] = WHOLE if matched == checked else (IN_PART if matched else MISSED)
+        return before
+
+    def observe_after(self, scored: Sequence[tuple[int, int]], before: Sequence[int | None]) -> None:
+        """Count each scored proposal under the outcome its request had before it (fading as
+        the pooled counts do)."""
+        fade = self.config.decay ** len(scored)
+        for tries, hits in self.after:
+            tries[:] = [t * fade for t in tries]
+            hits[:] = [h * fade for h in hits]
+        for pair, outcome in zip(scored, before):
+            if outcome is not None:
+                _count(*self.after[outcome], *pair)
+        self._row_cache = None
 
     def observe_rows(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> None:
         """Each request's scored proposals (``requests[i]`` made ``scored[i]``)."""
@@ -263,6 +315,8 @@ class AcceptanceEstimator:
         """Forget the requests that left the batch."""
         for request in [r for r in self.by_request if r not in requests]:
             del self.by_request[request]
+        for request in [r for r in self.last if r not in requests]:
+            del self.last[request]
 
     def settled(self) -> bool:
         """Enough evidence to act on: ``evidence`` scored proposals or 4x as many proposer calls
@@ -303,6 +357,10 @@ class AcceptanceEstimator:
         self._extra = self._row_cache = None
 
 
+#: how a decided proposal fared: its first token missed, it held in part, it held whole
+MISSED, IN_PART, WHOLE = OUTCOMES = (0, 1, 2)
+
+
 def _count(tries: list, hits: list, checked: int, matched: int) -> None:
     """One scored proposal: positions 1..checked were tried, 1..matched held."""
     for j in range(1, checked + 1):
@@ -328,7 +386,7 @@ class Goodput(KPolicy):
 
     A row with n proposals is worth ``1 + extra[min(n, K)]`` tokens (:class:`AcceptanceEstimator`);
     a step costs :meth:`StepCostModel.step_cost`. The rule picks ``argmax_K tokens(K) / cost(K)``,
-    ties to the smaller K, truncating proposals longer than K. Five refinements, each tested in
+    ties to the smaller K, truncating proposals longer than K. Six refinements, each tested in
     tests/plugins/test_k_policy.py and each kept for a measurement in benchmarks/README.md (the
     section named in brackets):
 
@@ -336,6 +394,11 @@ class Goodput(KPolicy):
       (:meth:`AcceptanceEstimator.row_extras`), except that the batch-1 proposer budget reads the
       pooled estimate. [K policy tables, "Issue 23, round 2": the pooled estimate alone missed
       the line by 6-13 % at batch 8 on prompt lookup.]
+    * Spells (from ``outcome_batch`` rows up): a row's rate is scaled by how proposals fared
+      after one that fared like its request's last decided proposal; the outcome is noted at the
+      step it is decided, not at the next count. [Priced replays, "Issue 23, round 15": the worst
+      cell went from -3.7 % to -2.1 % (tuned-on prompts) and from -2.1 % to -0.7 % (held out);
+      at batch 1 and 2 it did worse on both.]
     * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
       leave and again to come back, shared over the steps a run of proposals is expected to
       last (``1 / (1 - run_on)``); a change between two speculating shapes pays it once; a step
@@ -397,7 +460,7 @@ class Goodput(KPolicy):
         self.rows = rows
         self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow,
                                    config.calibrate)
-        self.acceptance = AcceptanceEstimator(self.ks[-1], config)
+        self.acceptance = AcceptanceEstimator(self.ks[-1], config, 0 < config.outcome_batch <= rows)
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals
         self.skipping = False
@@ -540,7 +603,8 @@ class Goodput(KPolicy):
             return self._cheapest
         self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
         weights = self.row_weights()
-        key = (tuple(proposal_counts), self.costs.last_k, self.requests, None if weights is None else tuple(weights))
+        key = (tuple(proposal_counts), self.costs.last_k, self.requests, None if weights is None else tuple(weights),
+               tuple(self.acceptance.last.get(r) for r in self.requests) if self.acceptance.by_outcome else None)
         decided = self._decided.get(key)
         if decided is None:
             decided = self._decided[key] = self.best(self.rates(proposal_counts, weights=weights))
@@ -555,7 +619,9 @@ class Goodput(KPolicy):
         # The estimates are read only when something is priced, so a step is counted then, or
         # after ``reprice_every`` steps: one loop over a few steps instead of a call per step
         # (at 1 ms steps, counting every step took ~20 us of each, 4x its cost in a tight loop).
-        self._pending.append((outcome, self.offered))
+        # a request's last outcome is read at the next step, so it is noted now
+        before = self.acceptance.note_outcomes(outcome.scored_requests, outcome.scored) if self.acceptance.by_outcome else ()
+        self._pending.append((outcome, self.offered, before))
         if len(self._pending) >= self.config.reprice_every or not self._settled:
             self.count_pending()
 
@@ -564,7 +630,7 @@ class Goodput(KPolicy):
         if not self._pending:
             return
         costs, acceptance, config = self.costs, self.acceptance, self.config
-        for outcome, offered in self._pending:
+        for outcome, offered, before in self._pending:
             costs.observe(outcome.k, outcome.verify_s, outcome.host_s, outcome.propose_s)
             if outcome.propose_s > 0:
                 acceptance.observe_call(offered)
@@ -572,6 +638,8 @@ class Goodput(KPolicy):
                 acceptance.observe_no_call()
             acceptance.observe_scored(outcome.scored)
             acceptance.observe_rows(outcome.scored_requests, outcome.scored)
+            if before:
+                acceptance.observe_after(outcome.scored, before)
         self._pending.clear()
         self._decided.clear()
         self._budget_k = None  # priced again at the next step

@@ -481,6 +481,35 @@ def test_goodput_tells_the_requests_of_a_static_batch_apart():
     assert policy.acceptance.row_extras([12]) == [pooled]
 
 
+def test_goodput_reads_each_rows_last_outcome_when_proposals_come_in_spells():
+    # Prompt lookup copies in spells: a proposal after one that held whole mostly holds, one
+    # after a miss mostly misses. Both requests hold half their proposals, so only their last
+    # outcomes tell them apart. Request 10 holds the batch up (more tokens left).
+    costs = {0: 1.0, 2: 2.0, 4: 2.5, 7: 3.0}
+    decided = {}
+    for after_outcome in (True, False):
+        policy = goodput(costs, rows=2, outcome_batch=2 if after_outcome else 0)
+        for step in range(120):
+            whole = (step // 6) % 2 == 0
+            policy.propose_budget(7, StepContext((100, 100), 0, 2, (10, 11)))
+            scored_by_request(policy, [{10: (7, 7) if whole else (1, 0), 11: (1, 0) if whole else (7, 7)}])
+        policy.count_pending()
+        policy.costs.last_k = 0
+        policy.propose_budget(7, StepContext((100, 60), 0, 2, (10, 11)))
+        first = policy.choose_k([7, 7], KS)  # request 10's last proposal missed
+        scored_by_request(policy, [{10: (7, 7), 11: (1, 0)}])  # now it held whole (not yet counted)
+        assert policy._pending
+        policy.costs.last_k = 0
+        decided[after_outcome] = first, policy.choose_k([7, 7], KS)
+        if after_outcome:
+            extras = policy.acceptance.row_extras([10, 11])
+            assert extras[0][7] > 4.0 > 1.5 > extras[1][7]  # 10 held whole last, 11 missed
+    assert decided[True] == (0, 7)
+    assert decided[False][0] == decided[False][1] == 7  # without it both look alike: half hold
+    # by default from batch 4 up (at 1 and 2 the replays measured it worse)
+    assert [goodput(costs, rows=rows).acceptance.by_outcome for rows in (1, 2, 4, 8)] == [False, False, True, True]
+
+
 def test_goodput_prices_the_batch_1_budget_on_the_pooled_estimate():
     # Request 5's first proposals failed; earlier requests' held. At batch 1 the proposer keeps
     # running (the budget reads the pooled estimate) while choose_k reads request 5's own.
@@ -526,7 +555,8 @@ def test_goodput_drops_to_the_smallest_k_while_it_skips_the_proposer():
 def test_goodput_counts_steps_in_groups_with_the_same_result_as_one_by_one():
     # Counting is deferred for speed; the estimates it ends with must be the ones a step-by-step
     # count gives, switch penalties (which depend on the order of K) included.
-    eager, grouped = Goodput(GoodputConfig(reprice_every=1)), Goodput(GoodputConfig(reprice_every=8))
+    eager = Goodput(GoodputConfig(reprice_every=1, outcome_batch=2))
+    grouped = Goodput(GoodputConfig(reprice_every=8, outcome_batch=2))
     for policy in (eager, grouped):
         policy.start(KS, 2, NoServices({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.0}))
     pattern = [(7, (7, 7), (3, 0)), (7, (7, 0), (7, 0)), (0, (0, 0), (0, 0)), (4, (4, 2), (1, 2)), (4, (4, 4), (0, 4))]
@@ -546,6 +576,9 @@ def test_goodput_counts_steps_in_groups_with_the_same_result_as_one_by_one():
     for name in ("tries", "hits", "yield_rate", "calls", "follows"):
         assert getattr(grouped.acceptance, name) == pytest.approx(getattr(eager.acceptance, name)), name
     assert grouped.acceptance.by_request == eager.acceptance.by_request
+    assert grouped.acceptance.last == eager.acceptance.last and eager.acceptance.last
+    for (g_tries, g_hits), (e_tries, e_hits) in zip(grouped.acceptance.after, eager.acceptance.after):
+        assert g_tries == pytest.approx(e_tries) and g_hits == pytest.approx(e_hits)
     assert grouped.peek_every == eager.peek_every
 
 
