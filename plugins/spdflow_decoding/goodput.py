@@ -218,6 +218,8 @@ class AcceptanceEstimator:
         self.by_request: dict[int, tuple[list[int], list[int]]] = {}  # request -> (tries, hits) per position
         self._row_key: tuple = ()
         self._row_cache: list[list[float]] | None = None
+        self._pairs: dict[tuple, list[float]] = {}  # (request, last outcome) -> extra, until an estimate changes
+        self._after: list[list[float]] | None = None  # _after_rates, until an estimate changes
         self.last: dict[int, int] = {}  # request -> how its last decided proposal fared
         self.after = [([0.0] * (max_k + 1), [0.0] * (max_k + 1)) for _ in OUTCOMES]  # (tries, hits) per outcome
 
@@ -230,8 +232,12 @@ class AcceptanceEstimator:
                 previous = (self.hits[j] + weight * previous) / (self.tries[j] + weight)
                 rates.append(previous)
             self._rates, self._extra = rates, _running_extra(rates)
-            self._row_cache = None
+            self._forget()
         return self._extra
+
+    def _forget(self) -> None:
+        """An estimate changed: drop what was derived from it."""
+        self._row_cache, self._pairs, self._after = None, {}, None
 
     def row_extras(self, requests: Sequence[int | None]) -> list[list[float]]:
         """``extra[n]`` of each row of a batch, from each request's own scored proposals.
@@ -254,33 +260,41 @@ class AcceptanceEstimator:
         key = (tuple(requests), tuple(self.last.get(r) for r in requests) if outcomes else None)
         if self._row_key == key and self._row_cache is not None:
             return self._row_cache
-        pooled, weight = self._rates, self.config.row_weight
-        after = self._after_rates() if outcomes else None
-        extras = []
+        extras, pairs = [], self._pairs
         for request in requests:
-            seen = self.by_request.get(request) if request is not None else None
             outcome = self.last.get(request) if outcomes and request is not None else None
-            if seen is None and outcome is None:
-                extras.append(pooled_extra)
-                continue
-            tries, hits = seen if seen is not None else (None, None)
-            rates = [1.0]
-            for j in range(1, len(pooled)):
-                rate = pooled[j] if seen is None else (hits[j] + weight * pooled[j]) / (tries[j] + weight)
-                if outcome is not None:
-                    rate = min(0.995, rate * after[outcome][j])
-                rates.append(rate)
-            extras.append(_running_extra(rates))
+            extra = pairs.get((request, outcome))
+            if extra is None:
+                extra = pairs[(request, outcome)] = self._extra_of(request, outcome, pooled_extra)
+            extras.append(extra)
         self._row_key, self._row_cache = key, extras
         return extras
 
+    def _extra_of(self, request: int | None, outcome: int | None, pooled_extra: list[float]) -> list[float]:
+        """``extra[n]`` of a request after ``outcome`` (None: its own estimate alone)."""
+        seen = self.by_request.get(request) if request is not None else None
+        if seen is None and outcome is None:
+            return pooled_extra
+        pooled, weight = self._rates, self.config.row_weight
+        after = self._after_rates()[outcome] if outcome is not None else None
+        tries, hits = seen if seen is not None else (None, None)
+        rates = [1.0]
+        for j in range(1, len(pooled)):
+            rate = pooled[j] if seen is None else (hits[j] + weight * pooled[j]) / (tries[j] + weight)
+            if after is not None:
+                rate = min(0.995, rate * after[j])
+            rates.append(rate)
+        return _running_extra(rates)
+
     def _after_rates(self) -> list[list[float]]:
         """Per outcome, per position: the rate after that outcome over the pooled rate (each
-        behind ``prior_weight`` pseudo-trials at the pooled rate)."""
-        pooled, weight = self._rates, self.config.prior_weight
-        return [[1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
-                         for j in range(1, len(pooled))]
-                for tries, hits in self.after]
+        behind ``prior_weight`` pseudo-trials at the pooled rate); cached."""
+        if self._after is None:
+            pooled, weight = self._rates, self.config.prior_weight
+            self._after = [[1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
+                                    for j in range(1, len(pooled))]
+                           for tries, hits in self.after]
+        return self._after
 
     def note_outcomes(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> list[int | None]:
         """Each scored proposal's request's last outcome before it; then the new last outcomes."""
@@ -300,7 +314,7 @@ class AcceptanceEstimator:
         for pair, outcome in zip(scored, before):
             if outcome is not None:
                 _count(*self.after[outcome], *pair)
-        self._row_cache = None
+        self._forget()
 
     def observe_rows(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> None:
         """Each request's scored proposals (``requests[i]`` made ``scored[i]``)."""
@@ -309,7 +323,8 @@ class AcceptanceEstimator:
             if seen is None:
                 seen = self.by_request[request] = ([0] * len(self.tries), [0] * len(self.tries))
             _count(*seen, checked, matched)
-            self._row_cache = None
+        if scored:
+            self._forget()
 
     def keep_requests(self, requests: Sequence[int]) -> None:
         """Forget the requests that left the batch."""
@@ -354,7 +369,8 @@ class AcceptanceEstimator:
         hits[:] = [h * fade for h in hits]
         for checked, matched in scored:
             _count(tries, hits, checked, matched)
-        self._extra = self._row_cache = None
+        self._extra = None
+        self._forget()
 
 
 #: how a decided proposal fared: its first token missed, it held in part, it held whole
