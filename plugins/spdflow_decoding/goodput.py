@@ -413,8 +413,8 @@ class Goodput(KPolicy):
     * Spells (from ``outcome_batch`` rows up): a row's rate is scaled by how proposals fared
       after one that fared like its request's last decided proposal; the outcome is noted at the
       step it is decided, not at the next count. [Priced replays, "Issue 23, round 15": the worst
-      cell went from -3.7 % to -2.1 % (tuned-on prompts) and from -2.1 % to -0.7 % (held out);
-      at batch 1 and 2 it did worse on both.]
+      cell went from -3.7 % to -2.0 % (tuned-on prompts) and from -2.1 % to -0.8 % (held out);
+      read at batch 1 and 2 too, it did worse there on both.]
     * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
       leave and again to come back, shared over the steps a run of proposals is expected to
       last (``1 / (1 - run_on)``); a change between two speculating shapes pays it once; a step
