@@ -219,7 +219,7 @@ class AcceptanceEstimator:
         self._row_key: tuple = ()
         self._row_cache: list[list[float]] | None = None
         self._pairs: dict[tuple, list[float]] = {}  # (request, last outcome) -> extra, until an estimate changes
-        self._after: list[list[float]] | None = None  # _after_rates, until an estimate changes
+        self._after_ratios: list[list[float]] | None = None  # _after_rates, until an estimate changes
         self.last: dict[int, int] = {}  # request -> how its last decided proposal fared
         self.after = [([0.0] * (max_k + 1), [0.0] * (max_k + 1)) for _ in OUTCOMES]  # (tries, hits) per outcome
 
@@ -237,7 +237,7 @@ class AcceptanceEstimator:
 
     def _forget(self) -> None:
         """An estimate changed: drop what was derived from it."""
-        self._row_cache, self._pairs, self._after = None, {}, None
+        self._row_cache, self._pairs, self._after_ratios = None, {}, None
 
     def row_extras(self, requests: Sequence[int | None]) -> list[list[float]]:
         """``extra[n]`` of each row of a batch, from each request's own scored proposals.
@@ -289,12 +289,12 @@ class AcceptanceEstimator:
     def _after_rates(self) -> list[list[float]]:
         """Per outcome, per position: the rate after that outcome over the pooled rate (each
         behind ``prior_weight`` pseudo-trials at the pooled rate); cached."""
-        if self._after is None:
+        if self._after_ratios is None:
             pooled, weight = self._rates, self.config.prior_weight
-            self._after = [[1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
+            self._after_ratios = [[1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
                                     for j in range(1, len(pooled))]
                            for tries, hits in self.after]
-        return self._after
+        return self._after_ratios
 
     def note_outcomes(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> list[int | None]:
         """Each scored proposal's request's last outcome before it; then the new last outcomes."""
