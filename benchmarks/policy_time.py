@@ -11,9 +11,17 @@ and tok/s, and whether every run's tokens equal no-spec's (exit 1 if any differ)
 is in every figure (fixed K, which only returns its K, measures about 1.3 µs a call); compare
 modes of one run, not figures of two runs.
 
+With ``--pin K`` every mode verifies K on every step and runs the proposer at full length, as
+``fixed:<K>`` does, while its policy's methods still run and see every step: the modes then
+differ only in the policy's own work (its methods, and what it asks of the engine, such as
+scoring proposals), and the columns per run (verify, host, tok/s paired with the first mode in
+the same repeat) give what that work costs the run.
+
     python benchmarks/policy_time.py recipes/tinycode_varK.yaml --batch 1 --repeats 5 \\
         --modes fixed:2,goodput,smallest_covering --set workload.count=16 \\
         --set 'proposer={uses: synthetic, with: {acceptance_rate: 0.05}}'
+    python benchmarks/policy_time.py recipes/tinycode_varK.yaml --batch 8 --repeats 8 --pin 2 \\
+        --modes fixed:2,goodput --set workload.count=16
 """
 from __future__ import annotations
 
@@ -34,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="fixed,goodput,smallest_covering",
                         help="bench modes (spdflow bench --modes), comma-separated")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--pin", type=int, default=None, metavar="K",
+                        help="every mode verifies this compiled K each step, its policy still consulted")
     args = parser.parse_args(argv)
 
     import spdflow.engine.generate as generate
@@ -48,14 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     def timed(self, method, *call_args):
         started = time.perf_counter()
         try:
-            return call_policy(self, method, *call_args)
+            answer = call_policy(self, method, *call_args)
         finally:
             spent[method] += time.perf_counter() - started
+        if args.pin is not None:  # what fixed:<pin> answers (the budget: every proposal at full length)
+            return {"propose_budget": call_args[0] if call_args else answer, "choose_k": args.pin}.get(method, answer)
+        return answer
 
     generate.Generator._call_policy = timed
     pm = get_plugin_manager()
     loaded = load_recipe(args.recipe, pm, args.overrides)
     modes = {m.row: m for m in resolve_modes(pm, args.modes.split(","), loaded.recipe)}
+    if args.pin is not None and args.pin not in loaded.recipe.k_list():
+        print(f"--pin {args.pin}: not in the recipe's K-list {loaded.recipe.k_list()}; pin one of those.", file=sys.stderr)
+        return 2
     bench = BatchBench(pm, loaded, args.batch, NullUI())
     bench.open()
     per_mode: dict[str, list[dict]] = defaultdict(list)
@@ -71,19 +87,28 @@ def main(argv: list[str] | None = None) -> int:
             figures["policy"] = sum(figures[m] for m in METHODS)
             figures["host"] = statistics.median(float(r["host_s"]) for r in steps) * 1e6 if steps else 0.0
             figures["tok/s"] = run.metrics.e2e_tokens_per_s
+            figures["verify ms"] = sum(float(r["verify_s"]) for r in steps) * 1e3
+            figures["host ms"] = sum(float(r["host_s"]) for r in steps) * 1e3
+            figures["steps"] = len(steps)
             figures["same"] = run.tokens == baseline
             per_mode[row].append(figures)
             print(f"  repeat {repeat} {row}: policy {figures['policy']:.1f} µs/step", file=sys.stderr, flush=True)
     finally:
         bench.close()
         generate.Generator._call_policy = call_policy  # the wrapping ends with this run
-    print(f"batch {args.batch}, {args.repeats} repeats; µs per step, medians over repeats")
-    print("| mode | " + " | ".join(METHODS) + " | policy | host (median step) | tok/s | tokens = no-spec |")
-    print("|---" * (len(METHODS) + 5) + "|")
+    first = next(iter(per_mode))
+    pinned = f", every mode verifying K = {args.pin}" if args.pin is not None else ""
+    print(f"batch {args.batch}, {args.repeats} repeats{pinned}; µs per step and ms per run, medians over repeats; "
+          f"paired: the median over repeats of the mode's figure ÷ {first}'s in the same repeat")
+    print("| mode | " + " | ".join(METHODS) + " | policy | host (median step) | steps | verify ms | host ms "
+          f"| tok/s | tok/s paired ÷ {first} | tokens = no-spec |")
+    print("|---" * (len(METHODS) + 9) + "|")
     for row, runs in per_mode.items():
         cells = [f"{statistics.median(r[m] for r in runs):.1f}" for m in (*METHODS, "policy", "host")]
+        cells += [f"{statistics.median(r[m] for r in runs):.0f}" for m in ("steps", "verify ms", "host ms", "tok/s")]
+        paired = statistics.median(r["tok/s"] / f["tok/s"] for r, f in zip(runs, per_mode[first]))
         same = "yes" if all(r["same"] for r in runs) else "**no**"
-        print(f"| {row} | " + " | ".join(cells) + f" | {statistics.median(r['tok/s'] for r in runs):.0f} | {same} |")
+        print(f"| {row} | " + " | ".join(cells) + f" | {paired:.3f} | {same} |")
     return 0 if all(r["same"] for runs in per_mode.values() for r in runs) else 1
 
 

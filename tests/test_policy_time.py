@@ -22,3 +22,22 @@ def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp
         assert min(propose_budget, choose_k, observe) > 0
         assert abs(policy - (propose_budget + choose_k + observe)) < 0.2  # (each figure rounded to 0.1)
         assert rows[row][-1] == "yes"  # tokens equal no-spec's
+
+
+def test_policy_time_pinned_runs_every_mode_on_one_schedule(tmp_path, capsys):
+    """--pin K: every mode verifies K each step (same steps as fixed:K, same tokens), while its
+    policy's methods still run; a K outside the K-list is refused before any run."""
+    module = load_benchmark("policy_time")
+    common = [str(REPO / "recipes" / "tinycode_varK.yaml"), "--batch", "2", "--repeats", "1",
+              "--set", f"output={tmp_path / 'run'}", "--set", "workload.count=4", "--set", "workload.max_new_tokens=24"]
+    rc = module.main([*common, "--modes", "fixed:2,goodput", "--pin", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
+    assert set(rows) == {"fixed:2", "varK:goodput"}
+    assert rows["varK:goodput"][5] == rows["fixed:2"][5]  # steps: one schedule
+    assert float(rows["varK:goodput"][3]) > 0  # goodput's methods ran
+    assert rows["varK:goodput"][-1] == rows["fixed:2"][-1] == "yes"
+    assert module.main([*common, "--modes", "fixed:2,goodput", "--pin", "3"]) == 2
+    assert "not in the recipe's K-list" in capsys.readouterr().err
