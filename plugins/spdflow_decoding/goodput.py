@@ -304,27 +304,37 @@ class AcceptanceEstimator:
             last[request] = WHOLE if matched == checked else (IN_PART if matched else MISSED)
         return before
 
-    def observe_after(self, scored: Sequence[tuple[int, int]], before: Sequence[int | None]) -> None:
-        """Count each scored proposal under the outcome its request had before it (fading as
-        the pooled counts do)."""
+    def count(self, scored: Sequence[tuple[int, int]], requests: Sequence[int] = (),
+              before: Sequence[int | None] = ()) -> None:
+        """One step's decided proposals, (checked, matched) each: positions 1..checked were tried,
+        1..matched held. Each is counted into the pooled counts (older ones fading by ``decay``
+        per proposal), into its request's own (``requests[i]`` made ``scored[i]``) and, given
+        ``before`` (:meth:`note_outcomes`), under the outcome its request had before it (fading
+        as the pooled counts do)."""
+        if not scored:
+            return
         fade = self.config.decay ** len(scored)
-        for tries, hits in self.after:
+        pooled = (self.tries, self.hits)
+        for tries, hits in [pooled, *self.after] if before else [pooled]:
             tries[:] = [t * fade for t in tries]
             hits[:] = [h * fade for h in hits]
-        for pair, outcome in zip(scored, before):
-            if outcome is not None:
-                _count(*self.after[outcome], *pair)
+        by_request, size = self.by_request, len(self.tries)
+        for i, (checked, matched) in enumerate(scored):
+            tables = [pooled]
+            if i < len(requests):
+                seen = by_request.get(requests[i])
+                if seen is None:
+                    seen = by_request[requests[i]] = ([0] * size, [0] * size)
+                tables.append(seen)
+            if i < len(before) and before[i] is not None:
+                tables.append(self.after[before[i]])
+            for tries, hits in tables:
+                for j in range(1, checked + 1):
+                    tries[j] += 1
+                for j in range(1, matched + 1):
+                    hits[j] += 1
+        self._extra = None
         self._forget()
-
-    def observe_rows(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> None:
-        """Each request's scored proposals (``requests[i]`` made ``scored[i]``)."""
-        for request, (checked, matched) in zip(requests, scored):
-            seen = self.by_request.get(request)
-            if seen is None:
-                seen = self.by_request[request] = ([0] * len(self.tries), [0] * len(self.tries))
-            _count(*seen, checked, matched)
-        if scored:
-            self._forget()
 
     def keep_requests(self, requests: Sequence[int]) -> None:
         """Forget the requests that left the batch."""
@@ -359,30 +369,8 @@ class AcceptanceEstimator:
         """A step that skipped the proposer: it says nothing about runs, and breaks one."""
         self._had_some = False
 
-    def observe_scored(self, scored: Sequence[tuple[int, int]]) -> None:
-        """(checked, matched) per decided proposal: positions 1..checked tried, 1..matched held."""
-        if not scored:
-            return
-        fade = self.config.decay ** len(scored)
-        tries, hits = self.tries, self.hits
-        tries[:] = [t * fade for t in tries]
-        hits[:] = [h * fade for h in hits]
-        for checked, matched in scored:
-            _count(tries, hits, checked, matched)
-        self._extra = None
-        self._forget()
-
-
 #: how a decided proposal fared: its first token missed, it held in part, it held whole
 MISSED, IN_PART, WHOLE = OUTCOMES = (0, 1, 2)
-
-
-def _count(tries: list, hits: list, checked: int, matched: int) -> None:
-    """One scored proposal: positions 1..checked were tried, 1..matched held."""
-    for j in range(1, checked + 1):
-        tries[j] += 1
-    for j in range(1, matched + 1):
-        hits[j] += 1
 
 
 def _running_extra(rates: Sequence[float]) -> list[float]:
@@ -652,10 +640,7 @@ class Goodput(KPolicy):
                 acceptance.observe_call(offered)
             else:
                 acceptance.observe_no_call()
-            acceptance.observe_scored(outcome.scored)
-            acceptance.observe_rows(outcome.scored_requests, outcome.scored)
-            if before:
-                acceptance.observe_after(outcome.scored, before)
+            acceptance.count(outcome.scored, outcome.scored_requests, before)
         self._pending.clear()
         self._decided.clear()
         self._budget_k = None  # priced again at the next step

@@ -333,11 +333,11 @@ def test_acceptance_estimator_counts_positions_fades_old_proposals_and_tracks_ru
     config = GoodputConfig(prior_accept=0.5, prior_weight=1.0, decay=0.5, yield_ema=0.5)
     estimate = AcceptanceEstimator(3, config)
     assert estimate.expected_extra() == pytest.approx([0.0, 0.5, 0.75, 0.875])  # the prior alone
-    estimate.observe_scored([(2, 1)])  # position 1 held, position 2 failed
+    estimate.count([(2, 1)])  # position 1 held, position 2 failed
     # accept[1] = (1 + 0.5) / (1 + 1) = 0.75; accept[2] = (0 + 0.75) / (1 + 1); accept[3] = its prior
     a1, a2 = 0.75, 0.375
     assert estimate.expected_extra() == pytest.approx([0.0, a1, a1 + a1 * a2, a1 + a1 * a2 + a1 * a2 * a2])
-    estimate.observe_scored([(1, 1)])  # older counts fade by decay per new proposal
+    estimate.count([(1, 1)])  # older counts fade by decay per new proposal
     assert estimate.tries[1] == pytest.approx(1.5) and estimate.hits[1] == pytest.approx(1.5)
     assert estimate.tries[2] == pytest.approx(0.5) and estimate.hits[2] == 0.0
     assert not estimate.settled()
