@@ -433,8 +433,10 @@ class Goodput(KPolicy):
     cold after each verify run), and 31-36 us so; smallest_covering takes 7-8. On a slower
     machine in round 13 it took 57 us a step at batch 1 and 137 us at batch 8 (smallest_covering
     16 and 25, with the timing's own cost in every figure), after its pricing loops were
-    rewritten with the same decisions (66 and 168 before). ["Issue 23, round 3"; the skipping
-    steps: "Issue 23, round 6"; "Issue 23, round 13".]
+    rewritten with the same decisions (66 and 168 before). With every step held at K = 2
+    (benchmarks/policy_time.py --pin), its work took 227-246 us a batch-8 step and cost the run
+    2.1-2.4 % against fixed K = 2 (smallest_covering 0.5-2.0 %). ["Issue 23, round 3"; the
+    skipping steps: "Issue 23, round 6"; "Issue 23, round 13"; "Issue 23, round 16".]
 
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
