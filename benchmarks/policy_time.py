@@ -65,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
             return {"propose_budget": call_args[0] if call_args else answer, "choose_k": args.pin}.get(method, answer)
         return answer
 
-    generate.Generator._call_policy = timed
     pm = get_plugin_manager()
     loaded = load_recipe(args.recipe, pm, args.overrides)
     modes = {m.row: m for m in resolve_modes(pm, args.modes.split(","), loaded.recipe)}
@@ -73,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--pin {args.pin}: not in the recipe's K-list {loaded.recipe.k_list()}; pin one of those.", file=sys.stderr)
         return 2
     bench = BatchBench(pm, loaded, args.batch, NullUI())
-    bench.open()
     per_mode: dict[str, list[dict]] = defaultdict(list)
+    generate.Generator._call_policy = timed  # (undone in the finally below, whatever happens)
     try:
+        bench.open()
         bench.warm_up()
         baseline = reference_tokens(bench)
         for repeat, row in run_order(list(modes), args.repeats):
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             per_mode[row].append(figures)
             print(f"  repeat {repeat} {row}: policy {figures['policy']:.1f} µs/step", file=sys.stderr, flush=True)
     finally:
-        bench.close()
         generate.Generator._call_policy = call_policy  # the wrapping ends with this run
+        bench.close()
     first = next(iter(per_mode))
     pinned = f", every mode verifying K = {args.pin}" if args.pin is not None else ""
     print(f"batch {args.batch}, {args.repeats} repeats{pinned}; µs per step and ms per run, medians over repeats; "

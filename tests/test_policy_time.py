@@ -41,3 +41,5 @@ def test_policy_time_pinned_runs_every_mode_on_one_schedule(tmp_path, capsys):
     assert rows["varK:goodput"][-1] == rows["fixed:2"][-1] == "yes"
     assert module.main([*common, "--modes", "fixed:2,goodput", "--pin", "3"]) == 2
     assert "not in the recipe's K-list" in capsys.readouterr().err
+    from spdflow.engine.generate import Generator
+    assert "timed" not in Generator._call_policy.__qualname__  # neither run leaves its wrapping behind
