@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", type=int, default=None, metavar="K",
                         help="every mode verifies this compiled K each step, its policy still consulted")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
 
     import spdflow.engine.generate as generate
     from spdflow.bench import BatchBench, reference_tokens, resolve_modes, run_order
@@ -61,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             answer = call_policy(self, method, *call_args)
         finally:
             spent[method] += time.perf_counter() - started
-        if args.pin is not None:  # what fixed:<pin> answers (the budget: every proposal at full length)
-            return {"propose_budget": call_args[0] if call_args else answer, "choose_k": args.pin}.get(method, answer)
+        if args.pin is not None and method == "choose_k":  # what fixed:<pin> answers
+            return args.pin
+        if args.pin is not None and method == "propose_budget":  # every proposal at full length (k_max)
+            return call_args[0]
         return answer
 
     pm = get_plugin_manager()

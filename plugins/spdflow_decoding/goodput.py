@@ -291,9 +291,10 @@ class AcceptanceEstimator:
         behind ``prior_weight`` pseudo-trials at the pooled rate); cached."""
         if self._after_ratios is None:
             pooled, weight = self._rates, self.config.prior_weight
-            self._after_ratios = [[1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
-                                    for j in range(1, len(pooled))]
-                           for tries, hits in self.after]
+            self._after_ratios = [
+                [1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
+                         for j in range(1, len(pooled))]
+                for tries, hits in self.after]
         return self._after_ratios
 
     def note_outcomes(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> list[int | None]:
