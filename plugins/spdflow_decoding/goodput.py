@@ -199,37 +199,54 @@ class AcceptanceEstimator:
     whose next proposer call was seen, and those that had proposals again (for :meth:`run_on`).
 
     ``last[request]`` is how the request's last decided proposal fared (:data:`MISSED`,
-    :data:`IN_PART`, :data:`WHOLE`), and ``after[o]`` counts, per position, the scored proposals
-    decided after one that fared ``o`` (with ``by_outcome``; see :meth:`row_extras`).
+    :data:`IN_PART`, :data:`WHOLE`), and ``after[o]`` counts the scored proposals decided after
+    one that fared ``o`` (with ``by_outcome``; see :meth:`row_extras`).
+
+    Counts are kept as histograms: ``tried[c]`` proposals were checked to exactly position c,
+    ``held[m]`` held to exactly m; position j's tries and hits (:attr:`tries`, :attr:`hits`) are
+    the sums from j up, taken when an estimate is priced. Fading is a unit: a new proposal
+    counts ``unit``, which grows by ``1 / decay`` per proposal, so counting a step adds two
+    numbers per table a proposal goes into and rescales nothing (once a run, rarely). Fading
+    every count of every table per step was most of the policy's counting time at batch 8.
     """
 
     def __init__(self, max_k: int, config: GoodputConfig, by_outcome: bool = False):
         self.config = config
         self.by_outcome = by_outcome  # read each row's last outcome (see row_extras)
         # Index j is proposal position j (1-based); index 0 is unused.
-        self.tries = [0.0] * (max_k + 1)
-        self.hits = [0.0] * (max_k + 1)
+        self.tried = [0.0] * (max_k + 1)  # faded, in units of ``unit``
+        self.held = [0.0] * (max_k + 1)
+        self.unit = 1.0  # what a proposal counted now adds to the faded counts
         self.yield_rate = 1.0
         self.calls = 0  # proposer calls seen
         self.follows = [0.0, 0.0]
         self._had_some = False  # the last step ran the proposer and some row proposed
         self._extra: list[float] | None = None
         self._rates: list[float] = []
-        self.by_request: dict[int, tuple[list[int], list[int]]] = {}  # request -> (tries, hits) per position
-        self._row_key: tuple = ()
-        self._row_cache: list[list[float]] | None = None
+        self.by_request: dict[int, tuple[list[int], list[int]]] = {}  # request -> (tried, held), not faded
         self._pairs: dict[tuple, list[float]] = {}  # (request, last outcome) -> extra, until an estimate changes
         self._after_ratios: list[list[float]] | None = None  # _after_rates, until an estimate changes
+        self._own: dict[int | None, list[float]] = {}  # request -> its own rates, until an estimate changes
         self.last: dict[int, int] = {}  # request -> how its last decided proposal fared
-        self.after = [([0.0] * (max_k + 1), [0.0] * (max_k + 1)) for _ in OUTCOMES]  # (tries, hits) per outcome
+        self.after = [([0.0] * (max_k + 1), [0.0] * (max_k + 1)) for _ in OUTCOMES]  # (tried, held) per outcome, faded
+
+    @property
+    def tries(self) -> list[float]:
+        """Per position j (index 0 unused): the faded count of scored proposals checked to j."""
+        return _from_each(self.tried, 1.0 / self.unit)
+
+    @property
+    def hits(self) -> list[float]:
+        """Per position j (index 0 unused): the faded count of scored proposals that held to j."""
+        return _from_each(self.held, 1.0 / self.unit)
 
     def expected_extra(self) -> list[float]:
         """``extra[n]``: expected accepted proposals of a row that proposes n tokens (cached)."""
         if self._extra is None:
             prior, weight = self.config.prior_accept, self.config.prior_weight
-            rates, previous = [1.0], prior
-            for j in range(1, len(self.tries)):
-                previous = (self.hits[j] + weight * previous) / (self.tries[j] + weight)
+            rates, previous, tries, hits = [1.0], prior, self.tries, self.hits
+            for j in range(1, len(tries)):
+                previous = (hits[j] + weight * previous) / (tries[j] + weight)
                 rates.append(previous)
             self._rates, self._extra = rates, _running_extra(rates)
             self._forget()
@@ -237,7 +254,7 @@ class AcceptanceEstimator:
 
     def _forget(self) -> None:
         """An estimate changed: drop what was derived from it."""
-        self._row_cache, self._pairs, self._after_ratios = None, {}, None
+        self._pairs, self._after_ratios, self._own = {}, None, {}
 
     def row_extras(self, requests: Sequence[int | None]) -> list[list[float]]:
         """``extra[n]`` of each row of a batch, from each request's own scored proposals.
@@ -252,49 +269,45 @@ class AcceptanceEstimator:
         after the request's last outcome over the pooled rate (at most 0.995): prompt lookup
         copies in spells, and along a fixed K = 7 path through the code runs, a proposal's first
         token held 0.86 of the time after one that held whole and 0.25 after one that missed
-        (benchmarks/README.md, "Issue 23, round 15"). Cached until an estimate or an outcome
-        changes.
+        (benchmarks/README.md, "Issue 23, round 15"). Each request's rates, and its extras after
+        each outcome, are cached until an estimate changes.
         """
         pooled_extra = self.expected_extra()  # (a new pooled estimate drops the cache)
-        outcomes = self.by_outcome
-        key = (tuple(requests), tuple(self.last.get(r) for r in requests) if outcomes else None)
-        if self._row_key == key and self._row_cache is not None:
-            return self._row_cache
+        last = self.last if self.by_outcome else {}
         extras, pairs = [], self._pairs
         for request in requests:
-            outcome = self.last.get(request) if outcomes and request is not None else None
+            outcome = last.get(request)
             extra = pairs.get((request, outcome))
             if extra is None:
                 extra = pairs[(request, outcome)] = self._extra_of(request, outcome, pooled_extra)
             extras.append(extra)
-        self._row_key, self._row_cache = key, extras
         return extras
 
     def _extra_of(self, request: int | None, outcome: int | None, pooled_extra: list[float]) -> list[float]:
         """``extra[n]`` of a request after ``outcome`` (None: its own estimate alone)."""
-        seen = self.by_request.get(request) if request is not None else None
-        if seen is None and outcome is None:
-            return pooled_extra
-        pooled, weight = self._rates, self.config.row_weight
-        after = self._after_rates()[outcome] if outcome is not None else None
-        tries, hits = seen if seen is not None else (None, None)
-        rates = [1.0]
-        for j in range(1, len(pooled)):
-            rate = pooled[j] if seen is None else (hits[j] + weight * pooled[j]) / (tries[j] + weight)
-            if after is not None:
-                rate = min(0.995, rate * after[j])
-            rates.append(rate)
-        return _running_extra(rates)
+        rates = self._own.get(request)
+        if rates is None:
+            seen = self.by_request.get(request) if request is not None else None
+            rates = self._rates
+            if seen is not None:
+                pooled, weight, tries, hits = rates, self.config.row_weight, _from_each(seen[0]), _from_each(seen[1])
+                rates = [1.0] + [(hits[j] + weight * pooled[j]) / (tries[j] + weight) for j in range(1, len(pooled))]
+            self._own[request] = rates
+        if outcome is None:
+            return pooled_extra if rates is self._rates else _running_extra(rates)
+        after = self._after_rates()[outcome]
+        return _running_extra([1.0] + [min(0.995, rates[j] * after[j]) for j in range(1, len(rates))])
 
     def _after_rates(self) -> list[list[float]]:
         """Per outcome, per position: the rate after that outcome over the pooled rate (each
         behind ``prior_weight`` pseudo-trials at the pooled rate); cached."""
         if self._after_ratios is None:
-            pooled, weight = self._rates, self.config.prior_weight
+            pooled, weight, scale = self._rates, self.config.prior_weight, 1.0 / self.unit
+            tables = [(_from_each(tried, scale), _from_each(held, scale)) for tried, held in self.after]
             self._after_ratios = [
                 [1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
                          for j in range(1, len(pooled))]
-                for tries, hits in self.after]
+                for tries, hits in tables]
         return self._after_ratios
 
     def note_outcomes(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> list[int | None]:
@@ -314,26 +327,26 @@ class AcceptanceEstimator:
         as the pooled counts do)."""
         if not scored:
             return
-        fade = self.config.decay ** len(scored)
-        pooled = (self.tries, self.hits)
-        for tries, hits in [pooled, *self.after] if before else [pooled]:
-            tries[:] = [t * fade for t in tries]
-            hits[:] = [h * fade for h in hits]
-        by_request, size = self.by_request, len(self.tries)
+        unit = self.unit / self.config.decay ** len(scored)  # the older counts fade against it
+        if unit > 1e6:  # bring the faded counts back to a unit of 1 (about every 1400 proposals)
+            for counts in (self.tried, self.held, *(c for table in self.after for c in table)):
+                counts[:] = [n / unit for n in counts]
+            unit = 1.0
+        self.unit = unit
+        tried, held, after, by_request, size = self.tried, self.held, self.after, self.by_request, len(self.tried)
         for i, (checked, matched) in enumerate(scored):
-            tables = [pooled]
+            tried[checked] += unit
+            held[matched] += unit
             if i < len(requests):
                 seen = by_request.get(requests[i])
                 if seen is None:
                     seen = by_request[requests[i]] = ([0] * size, [0] * size)
-                tables.append(seen)
+                seen[0][checked] += 1
+                seen[1][matched] += 1
             if i < len(before) and before[i] is not None:
-                tables.append(self.after[before[i]])
-            for tries, hits in tables:
-                for j in range(1, checked + 1):
-                    tries[j] += 1
-                for j in range(1, matched + 1):
-                    hits[j] += 1
+                table = after[before[i]]
+                table[0][checked] += unit
+                table[1][matched] += unit
         self._extra = None
         self._forget()
 
@@ -347,7 +360,7 @@ class AcceptanceEstimator:
     def settled(self) -> bool:
         """Enough evidence to act on: ``evidence`` scored proposals or 4x as many proposer calls
         (a proposer that rarely returns one is judged by its calls)."""
-        return self.tries[1] >= self.config.evidence or self.calls >= 4 * self.config.evidence
+        return sum(self.tried[1:]) >= self.config.evidence * self.unit or self.calls >= 4 * self.config.evidence
 
     def run_on(self, rows: int) -> float:
         """The chance that a step with proposals is followed by another: seen counts, and a
@@ -372,6 +385,15 @@ class AcceptanceEstimator:
 
 #: how a decided proposal fared: its first token missed, it held in part, it held whole
 MISSED, IN_PART, WHOLE = OUTCOMES = (0, 1, 2)
+
+
+def _from_each(counts: Sequence[float], scale: float = 1.0) -> list[float]:
+    """Per position j (index 0 unused): ``scale`` x the counts at j and beyond."""
+    out, total = [0.0] * len(counts), 0.0
+    for j in range(len(counts) - 1, 0, -1):
+        total += counts[j]
+        out[j] = total * scale
+    return out
 
 
 def _running_extra(rates: Sequence[float]) -> list[float]:
@@ -427,8 +449,8 @@ class Goodput(KPolicy):
 
     Its own time: once the estimate is settled, observed steps are counted into the estimates
     every ``reprice_every`` steps, the budget is priced again at the next step (and at every
-    peek), and ``choose_k`` reuses a decision for the same proposals, last K and requests until
-    the next count; while the proposer is skipped, a step between peeks reads nothing and only
+    peek), and where rows are not weighted (batch 1, or requests waiting) ``choose_k`` reuses a
+    decision for the same proposals, last K and requests until the next count; while the proposer is skipped, a step between peeks reads nothing and only
     counts toward the next peek. At 1 ms steps (batch 1, code) the policy took 63 us a step in a
     generation when it did all of it every step (3-4x what it takes driven alone: caches are
     cold after each verify run), and 31-36 us so; smallest_covering takes 7-8. On a slower
@@ -436,8 +458,10 @@ class Goodput(KPolicy):
     16 and 25, with the timing's own cost in every figure), after its pricing loops were
     rewritten with the same decisions (66 and 168 before). With every step held at K = 2
     (benchmarks/policy_time.py --pin), its work took 227-246 us a batch-8 step and cost the run
-    2.1-2.4 % against fixed K = 2 (smallest_covering 0.5-2.0 %). ["Issue 23, round 3"; the
-    skipping steps: "Issue 23, round 6"; "Issue 23, round 13"; "Issue 23, round 16".]
+    2.1-2.4 % against fixed K = 2 (smallest_covering 0.5-2.0 %). Counting into histograms with a
+    fading unit, and no decision cache where row weights change every step, then took it from
+    141-147 to 121-123 us (same decisions). ["Issue 23, round 3"; the skipping steps: "Issue 23,
+    round 6"; "Issue 23, round 13"; "Issue 23, rounds 16 and 17".]
 
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
@@ -610,7 +634,9 @@ class Goodput(KPolicy):
             return self._cheapest
         self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
         weights = self.row_weights()
-        key = (tuple(proposal_counts), self.costs.last_k, self.requests, None if weights is None else tuple(weights),
+        if weights is not None:  # a static batch's row weights move every step: nothing to reuse
+            return self.best(self.rates(proposal_counts, weights=weights))
+        key = (tuple(proposal_counts), self.costs.last_k, self.requests,
                tuple(self.acceptance.last.get(r) for r in self.requests) if self.acceptance.by_outcome else None)
         decided = self._decided.get(key)
         if decided is None:

@@ -421,7 +421,7 @@ def test_goodput_prices_the_proposer_budget_after_each_counting_and_at_peeks():
         feed(policy, 7, 7, 7, steps=1)
     assert budgets == [7] * 3 * every and len(priced) == 3  # steps 1, 1 + every and 1 + 2 * every
     # a budget priced as "skip" holds until the next peek re-prices it
-    policy.acceptance.hits = [0.0] * len(policy.acceptance.hits)  # nothing holds any more
+    policy.acceptance.held = [0.0] * len(policy.acceptance.held)  # nothing holds any more
     policy.acceptance._extra = None
     policy._budget_k = None  # as after a counting
     assert policy.propose_budget(7, context()) == 0 and policy.skipping
