@@ -1,6 +1,8 @@
 """K policies: the varK rule of DESIGN §4 and QEfficient PR #984's table."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from spdflow.plugins import get_plugin_manager
@@ -56,6 +58,7 @@ def test_k_policies_and_acceptors_are_registered_through_the_entry_point():
 
 from spdflow.api import NoServices, StepContext, StepOutcome  # noqa: E402
 from spdflow_decoding import AcceptanceEstimator, Goodput, GoodputConfig, StepCostModel  # noqa: E402
+from spdflow_decoding.goodput import WHOLE  # noqa: E402
 
 DEFAULTS = GoodputConfig()
 
@@ -348,6 +351,38 @@ def test_acceptance_estimator_counts_positions_fades_old_proposals_and_tracks_ru
     estimate.observe_no_call()
     estimate.observe_call(1.0)
     assert estimate.follows == pytest.approx([1.5, 0.5])  # a skipped step breaks the run: nothing counted
+
+
+def test_acceptance_counts_fade_per_proposal_across_the_unit_rescaling():
+    # Counts are kept in a growing unit and brought back to 1 now and then: per position they
+    # must equal counts faded by ``decay`` per proposal, also after many rescalings.
+    config = GoodputConfig(decay=0.7)
+    estimate = AcceptanceEstimator(7, config, by_outcome=True)
+    rng = random.Random(3)
+    tries, hits = [0.0] * 8, [0.0] * 8
+    after_tries = [0.0] * 8
+    for step in range(400):
+        scored = []
+        for _ in range(rng.randint(1, 8)):
+            checked = rng.randint(1, 7)
+            scored.append((checked, rng.randint(0, checked)))
+        requests = list(range(len(scored)))
+        before = estimate.note_outcomes(requests, scored)
+        fade = config.decay ** len(scored)
+        tries, hits = [t * fade for t in tries], [h * fade for h in hits]
+        after_tries = [t * fade for t in after_tries]
+        for (checked, matched), outcome in zip(scored, before):
+            for j in range(1, checked + 1):
+                tries[j] += 1
+                after_tries[j] += outcome == WHOLE
+            for j in range(1, matched + 1):
+                hits[j] += 1
+        estimate.count(scored, requests, before)
+    assert estimate.unit < 1e6  # rescaled: 0.7 ** -1800 would overflow long before this
+    assert estimate.tries[1:] == pytest.approx(tries[1:], rel=1e-9)
+    assert estimate.hits[1:] == pytest.approx(hits[1:], rel=1e-9)
+    whole_tried = estimate.after[WHOLE][0]
+    assert [sum(whole_tried[j:]) / estimate.unit for j in range(1, 8)] == pytest.approx(after_tries[1:], rel=1e-9)
 
 
 def test_goodput_stops_calling_a_proposer_that_returns_nothing():
