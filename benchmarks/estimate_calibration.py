@@ -1,0 +1,136 @@
+"""Issue 23: how goodput's acceptance estimates compare with what the rows then accepted.
+
+Replays recorded runs (``k_policy_replay.py --make-runs``) under goodput as
+``k_policy_replay.py`` runs it (the recorded run's mean host and proposer time, one noise seed)
+and, at every step where goodput chose a K > 0 with its estimate settled, notes for each row that
+proposed: the accepted proposals goodput expected at that K (its own estimate: the request's
+rates, scaled by the request's last outcome from ``outcome_batch`` rows up), what the pooled
+estimate alone would have expected, and what the row then accepted. Prints one table per run
+and batch size, by K and by the row's last outcome.
+
+    python benchmarks/estimate_calibration.py --runs RUNS_DIR --batch-sizes 1,8
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import k_policy_replay  # noqa: E402
+
+OUTCOME_NAMES = {None: "none yet / not read", 0: "missed", 1: "held in part", 2: "held whole"}
+
+
+def recording_policy(settings: dict):
+    """The replay's goodput, noting (K, per row: own and pooled expectation, proposal length,
+    last outcome) at each choice and the rows' accepted counts when that step is observed."""
+    _, steady = k_policy_replay.steady_plugin(settings)
+    log: list[tuple[int, list[tuple[float, float, int, int | None]], tuple[int, ...]]] = []
+
+    class Recording(steady):
+        def choose_k(self, proposal_counts, compiled_ks):
+            k = super().choose_k(proposal_counts, compiled_ks)
+            self._noted = None
+            if k > 0 and any(proposal_counts) and self._settled:
+                own = len(self.requests) == len(proposal_counts)
+                requests = self.requests if own else [None] * len(proposal_counts)
+                extras = self.acceptance.row_extras(requests)
+                pooled = self.acceptance.expected_extra()
+                last = self.acceptance.last if self.acceptance.by_outcome else {}
+                self._noted = (k, [(extra[min(n, k)], pooled[min(n, k)], n, last.get(r))
+                                   for extra, n, r in zip(extras, proposal_counts, requests)])
+            return k
+
+        def observe(self, outcome):
+            noted = getattr(self, "_noted", None)
+            if noted is not None and noted[0] == outcome.k:
+                log.append((noted[0], noted[1], tuple(outcome.accepted)))
+            self._noted = None
+            super().observe(outcome)
+
+    from spdflow.hookspecs import hookimpl
+    from spdflow_decoding import GoodputConfig
+
+    class Plugin:
+        @hookimpl
+        def spdflow_register_k_policies(self, register):
+            register(Recording.name, lambda: Recording(GoodputConfig(**settings)),
+                     description="goodput noting its expectations (calibration harness)")
+
+    return Plugin(), Recording, log
+
+
+def tally(log) -> dict[tuple[int, int | None], list[float]]:
+    """Per (K, last outcome): [rows, expected (own), expected (pooled), accepted], summed over
+    rows that proposed."""
+    cells: dict[tuple[int, int | None], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0])
+    for k, rows, accepted in log:
+        for (own, pooled, n, outcome), got in zip(rows, accepted):
+            if n:
+                cell = cells[(k, outcome)]
+                cell[0] += 1
+                cell[1] += own
+                cell[2] += pooled
+                cell[3] += got
+    return dict(cells)
+
+
+def render(cells: dict) -> str:
+    lines = ["| K | row's last outcome | rows | expected (goodput) | expected (pooled alone) | accepted | accepted ÷ goodput's |",
+             "|---|---|---|---|---|---|---|"]
+    for (k, outcome), (rows, own, pooled, got) in sorted(cells.items(), key=lambda c: (c[0][0], str(c[0][1]))):
+        ratio = f"{got / own:.2f}" if own else "—"
+        lines.append(f"| {k} | {OUTCOME_NAMES.get(outcome, outcome)} | {rows} | {own / rows:.2f} | {pooled / rows:.2f} | "
+                     f"{got / rows:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def calibrate(runs: Path, batch_sizes: list[int], settings: dict, noise: float = 0.2, seed: int = 1) -> dict:
+    """{run name: {batch: tally}} for every recorded run under ``runs``."""
+    from spdflow import whatif as wi
+    from spdflow.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    plugin, recording, log = recording_policy(settings)
+    pm.add_plugin(plugin, "estimate-calibration", version="1.0")
+    out: dict = {}
+    for run_dir in sorted(p for p in runs.iterdir() if (p / "trace.jsonl").exists()):
+        run = wi.load_run(run_dir, pm)
+        cost = wi.make_cost_model(pm, run, "measured")
+        recording.host_s, recording.propose_s = k_policy_replay.run_means(run_dir)
+        cost.propose_per_call_s = recording.propose_s
+        recording.noise = noise
+        ks = tuple(sorted(set(run.recipe.k_list()) | {0}))
+        for batch in batch_sizes:
+            log.clear()
+            recording.rng = random.Random(f"{run_dir.name}:{batch}:{seed}")
+            wi.replay(pm, run, wi.Scenario(ks, recording.name, batch), cost)
+            out.setdefault(run_dir.name, {})[batch] = tally(log)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, required=True, help="recorded runs (k_policy_replay.py --make-runs)")
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a goodput setting (with: field), repeatable")
+    parser.add_argument("--seed", type=int, default=1, help="noise seed of the fed timings (default 1)")
+    args = parser.parse_args(argv)
+    import yaml
+
+    settings = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.settings)}
+    results = calibrate(args.runs, [int(b) for b in args.batch_sizes.split(",")], settings, seed=args.seed)
+    for name, by_batch in results.items():
+        for batch, cells in by_batch.items():
+            print(f"\n{name}, batch {batch}:\n")
+            print(render(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
