@@ -327,7 +327,8 @@ class AcceptanceEstimator:
         as the pooled counts do)."""
         if not scored:
             return
-        unit = self.unit / self.config.decay ** len(scored)  # the older counts fade against it
+        fade = self.config.decay ** len(scored)
+        unit = self.unit / fade if fade > 0.0 else math.inf  # the older counts fade against it
         if unit > 1e6:  # bring the faded counts back to a unit of 1 (about every 1400 proposals)
             for counts in (self.tried, self.held, *(c for table in self.after for c in table)):
                 counts[:] = [n / unit for n in counts]
@@ -447,21 +448,22 @@ class Goodput(KPolicy):
       skipping waits for ``evidence``: "a bad start could trap it in skipping"; peek cost:
       "Policy and proposer cost at sub-millisecond steps".]
 
-    Its own time: once the estimate is settled, observed steps are counted into the estimates
-    every ``reprice_every`` steps, the budget is priced again at the next step (and at every
-    peek), and where rows are not weighted (batch 1, or requests waiting) ``choose_k`` reuses a
-    decision for the same proposals, last K and requests until the next count; while the proposer is skipped, a step between peeks reads nothing and only
-    counts toward the next peek. At 1 ms steps (batch 1, code) the policy took 63 us a step in a
-    generation when it did all of it every step (3-4x what it takes driven alone: caches are
-    cold after each verify run), and 31-36 us so; smallest_covering takes 7-8. On a slower
-    machine in round 13 it took 57 us a step at batch 1 and 137 us at batch 8 (smallest_covering
-    16 and 25, with the timing's own cost in every figure), after its pricing loops were
-    rewritten with the same decisions (66 and 168 before). With every step held at K = 2
-    (benchmarks/policy_time.py --pin), its work took 227-246 us a batch-8 step and cost the run
-    2.1-2.4 % against fixed K = 2 (smallest_covering 0.5-2.0 %). Counting into histograms with a
-    fading unit, and no decision cache where row weights change every step, then took it from
-    141-147 to 121-123 us (same decisions). ["Issue 23, round 3"; the skipping steps: "Issue 23,
-    round 6"; "Issue 23, round 13"; "Issue 23, rounds 16 and 17".]
+    Its own time: once the estimate is settled, observed steps are counted into the estimates every
+    ``reprice_every`` steps, the budget is priced again at the next step (and at every peek), and
+    where rows are not weighted (batch 1, or requests waiting) ``choose_k`` reuses a decision for
+    the same proposals, last K and requests until the next count; while the proposer is skipped, a
+    step between peeks reads nothing and only counts toward the next peek. At 1 ms steps (batch 1,
+    code) the policy took 63 us a step in a generation when it did all of it every step (3-4x what
+    it takes driven alone: caches are cold after each verify run), and 31-36 us so;
+    smallest_covering takes 7-8. On a slower machine in round 13 it took 57 us a step at batch 1
+    and 137 us at batch 8 (smallest_covering 16 and 25, with the timing's own cost in every
+    figure), after its pricing loops were rewritten with the same decisions (66 and 168 before).
+    With every step held at K = 2 (benchmarks/policy_time.py --pin), its work took 227-246 us a
+    batch-8 step and cost the run 2.1-2.4 % against fixed K = 2 (smallest_covering 0.5-2.0 %).
+    Counting into histograms with a fading unit, and no decision cache where row weights change
+    every step, then took it from 141-147 to 121-123 us on a quieter machine (same decisions).
+    ["Issue 23, round 3"; the skipping steps: "Issue 23, round 6"; "Issue 23, round 13"; "Issue 23,
+    rounds 16 and 17".]
 
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,

@@ -385,6 +385,14 @@ def test_acceptance_counts_fade_per_proposal_across_the_unit_rescaling():
     assert [sum(whole_tried[j:]) / estimate.unit for j in range(1, 8)] == pytest.approx(after_tries[1:], rel=1e-9)
 
 
+def test_a_decay_whose_fade_underflows_forgets_older_counts_without_failing():
+    estimate = AcceptanceEstimator(7, GoodputConfig(decay=1e-60))
+    estimate.count([(7, 7)] * 8)
+    estimate.count([(2, 0)] * 8)  # 1e-60 ** 8 is 0.0 in floating point: the first step is forgotten
+    assert estimate.tries[1:3] == pytest.approx([8.0, 8.0]) and estimate.tries[3] == 0.0
+    assert estimate.hits[1] == 0.0 and estimate.unit == 1.0
+
+
 def test_goodput_stops_calling_a_proposer_that_returns_nothing():
     policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.3})
     assert policy.propose_budget(7, context()) > 0  # optimistic at first
