@@ -6,7 +6,8 @@ and, at every step where goodput chose a K > 0 with its estimate settled, notes 
 proposed: the accepted proposals goodput expected at that K (its own estimate: the request's
 rates, scaled by the request's last outcome from ``outcome_batch`` rows up), what the pooled
 estimate alone would have expected, and what the row then accepted. Prints one table per run
-and batch size, by K and by the row's last outcome.
+and batch size, by K and by the row's last outcome; and, by quarter of each request's scored
+proposals in order, how far they held (prompt lookup copies more as a request goes on).
 
     python benchmarks/estimate_calibration.py --runs RUNS_DIR --batch-sizes 1,8
 """
@@ -30,6 +31,7 @@ def recording_policy(settings: dict):
     last outcome) at each choice and the rows' accepted counts when that step is observed."""
     _, steady = k_policy_replay.steady_plugin(settings)
     log: list[tuple[int, list[tuple[float, float, int, int | None]], tuple[int, ...]]] = []
+    scored: list[tuple[int, int, int]] = []  # (request, checked, matched) of every scored proposal, in order
 
     class Recording(steady):
         def choose_k(self, proposal_counts, compiled_ks):
@@ -50,6 +52,8 @@ def recording_policy(settings: dict):
             if noted is not None and noted[0] == outcome.k:
                 log.append((noted[0], noted[1], tuple(outcome.accepted)))
             self._noted = None
+            scored.extend((request, checked, matched)
+                          for request, (checked, matched) in zip(outcome.scored_requests, outcome.scored))
             super().observe(outcome)
 
     from spdflow.hookspecs import hookimpl
@@ -61,7 +65,7 @@ def recording_policy(settings: dict):
             register(Recording.name, lambda: Recording(GoodputConfig(**settings)),
                      description="goodput noting its expectations (calibration harness)")
 
-    return Plugin(), Recording, log
+    return Plugin(), Recording, log, scored
 
 
 def tally(log) -> dict[tuple[int, int | None], list[float]]:
@@ -79,6 +83,19 @@ def tally(log) -> dict[tuple[int, int | None], list[float]]:
     return dict(cells)
 
 
+def by_quarter(scored) -> list[tuple[int, float, float]]:
+    """Per quarter of each request's scored proposals (in order): proposals, mean positions held,
+    and the share whose first position held."""
+    mine: dict[int, list[int]] = defaultdict(list)
+    for request, _, matched in scored:
+        mine[request].append(matched)
+    quarters: list[list[int]] = [[], [], [], []]
+    for held in mine.values():
+        for i, matched in enumerate(held):
+            quarters[4 * i // len(held)].append(matched)
+    return [(len(q), sum(q) / len(q) if q else 0.0, sum(m > 0 for m in q) / len(q) if q else 0.0) for q in quarters]
+
+
 def render(cells: dict) -> str:
     lines = ["| K | row's last outcome | rows | expected (goodput) | expected (pooled alone) | accepted | accepted ÷ goodput's |",
              "|---|---|---|---|---|---|---|"]
@@ -90,12 +107,12 @@ def render(cells: dict) -> str:
 
 
 def calibrate(runs: Path, batch_sizes: list[int], settings: dict, noise: float = 0.2, seed: int = 1) -> dict:
-    """{run name: {batch: tally}} for every recorded run under ``runs``."""
+    """{run name: {batch: {"cells": tally, "quarters": by_quarter}}} for every recorded run under ``runs``."""
     from spdflow import whatif as wi
     from spdflow.plugins import get_plugin_manager
 
     pm = get_plugin_manager()
-    plugin, recording, log = recording_policy(settings)
+    plugin, recording, log, scored = recording_policy(settings)
     pm.add_plugin(plugin, "estimate-calibration", version="1.0")
     out: dict = {}
     for run_dir in sorted(p for p in runs.iterdir() if (p / "trace.jsonl").exists()):
@@ -107,9 +124,10 @@ def calibrate(runs: Path, batch_sizes: list[int], settings: dict, noise: float =
         ks = tuple(sorted(set(run.recipe.k_list()) | {0}))
         for batch in batch_sizes:
             log.clear()
+            scored.clear()
             recording.rng = random.Random(f"{run_dir.name}:{batch}:{seed}")
             wi.replay(pm, run, wi.Scenario(ks, recording.name, batch), cost)
-            out.setdefault(run_dir.name, {})[batch] = tally(log)
+            out.setdefault(run_dir.name, {})[batch] = {"cells": tally(log), "quarters": by_quarter(scored)}
     return out
 
 
@@ -126,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.settings)}
     results = calibrate(args.runs, [int(b) for b in args.batch_sizes.split(",")], settings, seed=args.seed)
     for name, by_batch in results.items():
-        for batch, cells in by_batch.items():
+        for batch, found in by_batch.items():
             print(f"\n{name}, batch {batch}:\n")
-            print(render(cells))
+            print(render(found["cells"]))
+            quarters = ", ".join(f"{n} held {mean:.2f} (first {first:.2f})" for n, mean, first in found["quarters"])
+            print(f"\nEach request's scored proposals by quarter, in order (proposals, mean positions held, "
+                  f"share whose first held): {quarters}")
     return 0
 
 
