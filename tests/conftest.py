@@ -27,6 +27,16 @@ def load_benchmark(name: str):
     spec.loader.exec_module(module)
     return module
 
+
+def record_code_run(runs: Path) -> None:
+    """A short recorded run of the default recipe (2 prompts x 24 tokens) at ``runs / "code"``,
+    the layout ``k_policy_replay.py --make-runs`` writes."""
+    out = runs / "code"
+    result = CliRunner().invoke(cli, ["run", str(REPO / "recipes" / "tinycode_varK.yaml"), "-q",
+                                      "--allow-outside-paths", "--set", f"output={out}", "--set", "workload.count=2",
+                                      "--set", "workload.max_new_tokens=24"])
+    assert result.exit_code == 0, result.output
+
 MINIMAL = """\
 version: 1
 name: t

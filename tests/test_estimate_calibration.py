@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_benchmark
+from conftest import REPO, load_benchmark, record_code_run
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +33,7 @@ def test_quarters_follow_each_requests_own_order(calibration):
 
 
 def test_a_recorded_run_is_tallied_under_the_replays_goodput(calibration, tmp_path):
-    from click.testing import CliRunner
-
-    from spdflow.cli import cli
-
-    out = tmp_path / "runs" / "code"
-    result = CliRunner().invoke(cli, ["run", str(REPO / "recipes" / "tinycode_varK.yaml"), "-q",
-                                      "--allow-outside-paths", "--set", f"output={out}", "--set", "workload.count=2",
-                                      "--set", "workload.max_new_tokens=24"])
-    assert result.exit_code == 0, result.output
+    record_code_run(tmp_path / "runs")
     results = calibration.calibrate(tmp_path / "runs", [1], {"evidence": 2})
     cells, quarters = results["code"][1]["cells"], results["code"][1]["quarters"]
     assert sum(n for n, _, _ in quarters) >= sum(rows for rows, _, _, _ in cells.values())

@@ -8,7 +8,7 @@ import pytest
 
 from spdflow.api import StepContext, StepOutcome
 
-from conftest import REPO, load_benchmark
+from conftest import REPO, load_benchmark, record_code_run
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,7 @@ def test_the_table_marks_cells_below_the_line(replay):
 
 
 def test_a_recorded_run_replays_under_steady_goodput(replay, tmp_path):
-    from spdflow.cli import cli
-    from click.testing import CliRunner
-
-    out = tmp_path / "runs" / "code"
-    result = CliRunner().invoke(cli, ["run", str(REPO / "recipes" / "tinycode_varK.yaml"), "-q",
-                                      "--allow-outside-paths", "--set", f"output={out}", "--set", "workload.count=2",
-                                      "--set", "workload.max_new_tokens=24"])
-    assert result.exit_code == 0, result.output
+    record_code_run(tmp_path / "runs")
     results = replay.replay_all(tmp_path / "runs", "goodput", {"margin": 0.05}, [1], seeds=2, noise=0.2)
     cells = results["code"]
     assert set(cells) == {1}
