@@ -116,11 +116,7 @@ def calibrate(runs: Path, batch_sizes: list[int], settings: dict, noise: float =
     pm.add_plugin(plugin, "estimate-calibration", version="1.0")
     out: dict = {}
     for run_dir in sorted(p for p in runs.iterdir() if (p / "trace.jsonl").exists()):
-        run = wi.load_run(run_dir, pm)
-        cost = wi.make_cost_model(pm, run, "measured")
-        recording.host_s, recording.propose_s = k_policy_replay.run_means(run_dir)
-        cost.propose_per_call_s = recording.propose_s
-        recording.noise = noise
+        run, cost = k_policy_replay.load_for_replay(pm, run_dir, recording, noise)
         ks = tuple(sorted(set(run.recipe.k_list()) | {0}))
         for batch in batch_sizes:
             log.clear()

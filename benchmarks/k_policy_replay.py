@@ -125,8 +125,21 @@ def run_means(run_dir: Path) -> tuple[float, float]:
     return statistics.fmean(s["host_s"] for s in steps), statistics.fmean(calls) if calls else 0.0
 
 
-def replay_all(runs: Path, policy: str, settings: dict, batch_sizes: list[int], seeds: int, noise: float) -> dict:
+def load_for_replay(pm, run_dir: Path, steady, noise: float):
+    """The recorded run and its measured cost model, with ``steady`` (a :func:`steady_plugin`
+    class) fed the run's mean host and proposer time under ``noise``, and the proposer priced at
+    that mean per call."""
     from spdflow import whatif as wi
+
+    run = wi.load_run(run_dir, pm)
+    cost = wi.make_cost_model(pm, run, "measured")
+    steady.host_s, steady.propose_s = run_means(run_dir)
+    cost.propose_per_call_s = steady.propose_s
+    steady.noise = noise
+    return run, cost
+
+
+def replay_all(runs: Path, policy: str, settings: dict, batch_sizes: list[int], seeds: int, noise: float) -> dict:
     from spdflow.oracle import oracle_report
     from spdflow.plugins import get_plugin_manager
 
@@ -136,11 +149,7 @@ def replay_all(runs: Path, policy: str, settings: dict, batch_sizes: list[int], 
     name = steady.name if policy == "goodput" else policy
     results: dict = {}
     for run_dir in sorted(p for p in runs.iterdir() if (p / "trace.jsonl").exists()):
-        run = wi.load_run(run_dir, pm)
-        cost = wi.make_cost_model(pm, run, "measured")
-        steady.host_s, steady.propose_s = run_means(run_dir)
-        cost.propose_per_call_s = steady.propose_s
-        steady.noise = noise
+        run, cost = load_for_replay(pm, run_dir, steady, noise)
         cells = results[run_dir.name] = {}
         for batch in batch_sizes:
             regrets, efficiencies = [], []
