@@ -278,10 +278,17 @@ class TargetOutputs:
 @dataclass
 class Proposal:
     """Up to k_max proposed tokens; ``probs[i]`` is the draft distribution token i was drawn
-    from (float32 [n, vocab]) when the proposer has one, else None (point-mass drafts)."""
+    from (float32 [n, vocab]) when the proposer has one, else None (point-mass drafts).
+
+    ``grade`` is the proposer's own label for how the proposal was made, such that proposals
+    of one grade tend to hold alike (prompt lookup: the length of the n-gram it matched); None
+    when the proposer gives none. A K policy may read it (:meth:`KPolicy.see_grades`) and
+    learns how each grade fared from :attr:`StepOutcome.scored_grades`; it never changes what
+    is accepted."""
 
     tokens: np.ndarray
     probs: np.ndarray | None = None
+    grade: int | None = None
 
     @staticmethod
     def empty() -> "Proposal":
@@ -487,6 +494,8 @@ class StepOutcome:
     scored: tuple[tuple[int, int], ...] = ()
     #: the request (workload index) each ``scored`` pair belongs to, in the same order
     scored_requests: tuple[int, ...] = ()
+    #: the grade of each ``scored`` proposal (:attr:`Proposal.grade`), in the same order
+    scored_grades: tuple[int | None, ...] = ()
 
 
 class PolicyServices:
@@ -530,9 +539,10 @@ class KPolicy:
     block (``factory(config)``); without one, ``factory()``.
 
     The engine calls, per generation: ``start`` once, then every decode step, in this order,
-    ``propose_budget`` (before the proposer runs), ``choose_k`` (after it) and ``observe``
-    (after the verify and accept). Only ``choose_k`` is required; the others let a policy
-    learn what K is worth on this machine, with what it asks of the :class:`PolicyServices`.
+    ``propose_budget`` (before the proposer runs), ``see_grades`` and ``choose_k`` (after it)
+    and ``observe`` (after the verify and accept). Only ``choose_k`` is required; the others let
+    a policy learn what K is worth on this machine, with what it asks of the
+    :class:`PolicyServices`.
     """
 
     name: str = ""
@@ -556,6 +566,11 @@ class KPolicy:
         for everything.
         """
         return k_max
+
+    def see_grades(self, grades: Sequence[int | None]) -> None:
+        """Just before :meth:`choose_k`: each row's proposal grade (:attr:`Proposal.grade`; None
+        where the proposer gave none or nothing was proposed), in the order of
+        ``proposal_counts``. The engine calls it only on a policy that overrides it."""
 
     def choose_k(self, proposal_counts: Sequence[int], compiled_ks: Sequence[int]) -> int:
         raise NotImplementedError

@@ -3,10 +3,12 @@ mode and K-list; stopping rules; a proposer that raises."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
 
+from spdflow.api import Proposal
 from spdflow.engine.run import Engine, RunOptions
 from spdflow.errors import PluginError
 from spdflow.recipe.loader import load_recipe
@@ -368,6 +370,93 @@ def test_every_proposal_is_scored_against_the_tokens_that_follow_it(pm, tmp_path
     assert sorted(policy.scored_by) == sorted(expected_by) and len({i for i, _ in expected_by}) > 1
     assert any(checked > 2 for checked, _ in policy.scored)  # beyond what K=2 verified
     assert {matched for _, matched in policy.scored} >= {0, 1, 2}
+
+
+class Grading(Scoring):
+    """Scoring, and reads the proposals' grades (it overrides ``see_grades``)."""
+
+    name = "grading"
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []  # each step's grades, as see_grades got them
+        self.scored_grades = []  # (request, grade) of each scored proposal
+        self.chosen = 0
+
+    def see_grades(self, grades):
+        self.seen.append(list(grades))
+
+    def choose_k(self, proposal_counts, compiled_ks):
+        self.chosen += 1
+        assert len(self.seen) == self.chosen  # see_grades came first
+        return super().choose_k(proposal_counts, compiled_ks)
+
+    def observe(self, outcome):
+        super().observe(outcome)
+        assert len(outcome.scored_grades) == len(outcome.scored)
+        self.scored_grades.extend(zip(outcome.scored_requests, outcome.scored_grades))
+
+
+def test_a_policy_that_reads_grades_gets_each_rows_and_each_scored_proposals(pm, tmp_path, models, out_root):
+    policy = Grading()
+    register_policy(pm, policy)
+    path = write(tmp_path, models[0], out_root / "grades", "prompt_lookup", {}, [0, 2, 4],
+                 BATCHING["batch3"], max_new=40, extra="\nk_policy: grading")
+    import spdflow_proposers.prompt_lookup as prompt_lookup
+
+    cls = prompt_lookup.PromptLookupProposer
+    original, made = cls.propose, []
+
+    def propose(self, inputs):
+        out = original(self, inputs)
+        made.append([(item.request_index, p.grade, len(p.tokens)) for item, p in zip(inputs, out)])
+        return out
+
+    import spdflow.oracle
+
+    run_oracle = spdflow.oracle.run_oracle
+
+    def after_generation(*args, **kwargs):  # the oracle's own proposer pass is not the generation's
+        cls.propose = original
+        return run_oracle(*args, **kwargs)
+
+    cls.propose, spdflow.oracle.run_oracle = propose, after_generation
+    try:
+        state = run(pm, path, check_lossless=True)
+    finally:
+        cls.propose, spdflow.oracle.run_oracle = original, run_oracle
+    assert state.lossless["identical"]
+    # see_grades ran before every choose_k, with each row's grade (steps without a proposer call: all None)
+    assert len(policy.seen) == policy.chosen
+    graded_steps = [[grade for _, grade, _ in step] for step in made]
+    def some(steps):
+        return [s for s in steps if any(g is not None for g in s)]
+
+    assert some(graded_steps) == some(policy.seen)
+    graded = [(r, g) for step in made for r, g, n in step if n]
+    assert graded and all(g in (1, 2, 3) for _, g in graded)  # prompt lookup: the matched n-gram's length
+    assert all(g is None for step in made for _, g, n in step if not n)
+    # each scored proposal carries the grade its proposal had (ones that matched nothing at a
+    # request's end are not scored, so the scored ones are a sub-multiset)
+    assert policy.scored_grades and not Counter(policy.scored_grades) - Counter(graded)
+
+
+def test_a_proposal_grade_that_is_not_an_int_is_refused(pm, tmp_path, models, out_root):
+    import spdflow_proposers.prompt_lookup as prompt_lookup
+
+    cls = prompt_lookup.PromptLookupProposer
+    original = cls.propose
+
+    def propose(self, inputs):
+        return [Proposal(p.tokens, grade=0.5) for p in original(self, inputs)]
+
+    path = write(tmp_path, models[0], out_root / "bad-grade", "prompt_lookup", {}, [0, 2], max_new=40)
+    cls.propose = propose
+    try:
+        with pytest.raises(PluginError, match="grade of 0.5 for request .*must be an int or None"):
+            run(pm, path)
+    finally:
+        cls.propose = original
 
 
 def test_a_k_policy_that_breaks_is_named_in_one_sentence(pm, tmp_path, models, out_root):

@@ -11,7 +11,8 @@ from spdflow.hookspecs import hookimpl
 from .draft_model import DraftModelConfig, DraftModelProposer, make_draft_model
 from .eagle import EagleConfig, EagleProposer
 from .multi_projection import MultiProjectionConfig, MultiProjectionProposer
-from .prompt_lookup import PromptLookupConfig, PromptLookupProposer, find_continuation, make_prompt_lookup
+from .prompt_lookup import (PromptLookupConfig, PromptLookupProposer, find_continuation, find_matched_continuation,
+                            make_prompt_lookup)
 from .suffix import SuffixConfig, SuffixProposer, SuffixTrie
 from .synthetic import SyntheticConfig, SyntheticProposer, make_synthetic
 
@@ -30,6 +31,7 @@ __all__ = [
     "SyntheticConfig",
     "SyntheticProposer",
     "find_continuation",
+    "find_matched_continuation",
 ]
 
 

@@ -12,6 +12,9 @@ Only the self-match (the suffix itself, which has no continuation) is excluded. 
 that overlap the suffix are kept: their continuation is made of tokens that really followed
 them, which is what periodic text (``a b a b a``) repeats.
 
+Each proposal is graded (``Proposal.grade``) by the length of the n-gram it matched, which a K
+policy may read: a longer match is more specific, and its proposals hold longer.
+
 Search, vectorised with numpy and stateless: candidate end positions are the earlier
 occurrences of the last token; each candidate's match length is grown one token at a time
 (``max`` comparisons over a shrinking candidate set), so a call is O(L) numpy work plus
@@ -63,10 +66,18 @@ def find_continuation(
     (the prompt, for ``lookup_in: prompt``); by default the whole context except its last token.
     Returns an empty int64 array when nothing matches.
     """
+    return find_matched_continuation(tokens, k_max, n_min, n_max, search_end)[0]
+
+
+def find_matched_continuation(
+    tokens: np.ndarray, k_max: int, n_min: int, n_max: int, search_end: int | None = None
+) -> tuple[np.ndarray, int]:
+    """:func:`find_continuation` and the length of the n-gram it matched (0 when none)."""
     length = len(tokens)
     limit = length if search_end is None else min(search_end, length)
+    nothing = np.zeros(0, dtype=np.int64), 0
     if k_max <= 0 or length < n_min + 1 or limit < 2:
-        return np.zeros(0, dtype=np.int64)
+        return nothing
     # Candidate ends e: tokens[e] == last token, with at least one continuation token before
     # ``limit`` (which also excludes the self-match e = length-1).
     ends = np.flatnonzero(tokens[: limit - 1] == tokens[-1])
@@ -81,14 +92,14 @@ def find_continuation(
         matched[np.searchsorted(ends, alive)] += 1
     good = matched >= n_min
     if not good.any():
-        return np.zeros(0, dtype=np.int64)
+        return nothing
     ends, matched = ends[good], np.minimum(matched[good], n_max)
     continuation = np.minimum(limit - 1 - ends, k_max)
     # Lexicographic (continuation, n, recency) as one integer key.
     key = (continuation * (n_max + 1) + matched) * length + ends
     best = int(np.argmax(key))
     start = int(ends[best]) + 1
-    return tokens[start : start + int(continuation[best])].astype(np.int64, copy=True)
+    return tokens[start : start + int(continuation[best])].astype(np.int64, copy=True), int(matched[best])
 
 
 class PromptLookupProposer(Proposer):
@@ -105,10 +116,12 @@ class PromptLookupProposer(Proposer):
         for item in inputs:
             tokens = np.asarray(item.tokens)
             end = item.num_prompt_tokens if self.config.lookup_in == "prompt" else None
-            found = find_continuation(
+            found, n = find_matched_continuation(
                 tokens, item.k_max, self.config.prompt_lookup_min, self.config.prompt_lookup_max, end
             )
-            out.append(Proposal(found))
+            # graded by the matched n-gram's length: on the code workload at fixed K = 7, a
+            # proposal from a 1-token match held 1.35 tokens on average, from a 3-token match 4.91
+            out.append(Proposal(found, grade=n if len(found) else None))
         return out
 
 

@@ -25,8 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spdflow.api import (AcceptRow, PolicyServices, Proposal, Proposer, ProposeInput, Request, Sampling, StepContext,
-                         StepOutcome, TargetOutputs)
+from spdflow.api import (AcceptRow, KPolicy, PolicyServices, Proposal, Proposer, ProposeInput, Request, Sampling,
+                         StepContext, StepOutcome, TargetOutputs)
 from spdflow.costs import time_round
 from spdflow.errors import PluginError, SpdflowError, StageError
 
@@ -161,7 +161,7 @@ class _Live:
     generated: int = 0
     ttft_s: float = 0.0
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    #: proposals still being scored against the tokens that follow: [start, tokens, matched]
+    #: proposals still being scored against the tokens that follow: [start, tokens, matched, grade]
     shadows: list = field(default_factory=list)
 
     @property
@@ -200,6 +200,9 @@ class Generator:
         self.proposer_name = proposer_name
         #: tell the proposer what was accepted only if it listens (the base method does nothing)
         self._tell_accepted = proposer is not None and getattr(type(proposer), "on_accepted", None) is not Proposer.on_accepted
+        #: hand the K policy the proposals' grades only if it reads them
+        reads = getattr(type(policy), "see_grades", None) if policy is not None else None
+        self._tell_grades = reads is not None and reads is not KPolicy.see_grades
         #: who to blame in errors, e.g. "plugin 'spdflow_proposers' 0.1.0"
         self.proposer_plugin = proposer_plugin
         self.policy = policy
@@ -359,11 +362,11 @@ class Generator:
         else:  # no proposer, or the K policy skips it this step
             proposals, propose_s = [_NO_PROPOSAL] * len(active), 0.0
         counts = [len(p.tokens) for p in proposals]
-        k = self._choose_k(counts)
+        k = self._choose_k(counts, proposals)
         if self._scoring:
             for live, proposal in zip(active, proposals):
                 if len(proposal.tokens):
-                    live.shadows.append([live.length, proposal.tokens.tolist(), 0])
+                    live.shadows.append([live.length, proposal.tokens.tolist(), 0, proposal.grade])
         ids, pos = self._ids[k], self._pos[k]
         ids.fill(cfg.pad_token_id)
         pos.fill(-1)
@@ -371,7 +374,7 @@ class Generator:
         for live, proposal in zip(active, proposals):
             tokens = proposal.tokens[:k]
             if len(tokens) < len(proposal.tokens):
-                proposal = Proposal(tokens, None if proposal.probs is None else proposal.probs[:k])
+                proposal = Proposal(tokens, None if proposal.probs is None else proposal.probs[:k], proposal.grade)
             n = len(tokens)
             anchor_pos = live.length - 1
             ids[live.slot, 0] = live.buffer[anchor_pos]
@@ -393,6 +396,7 @@ class Generator:
         trace_rows = []
         scored: list[tuple[int, int]] = []
         scored_by: list[int] = []
+        grades: list[int | None] = []
         hidden = self._hidden_states() if "hidden_states" in self._wants else None
         for live, tokens, raw, n_prop, n_acc, position in zip(active, accepted, counts, proposed, n_accepted, positions):
             if self._wants:
@@ -400,7 +404,7 @@ class Generator:
             emitted = self._append(live, tokens, slots, results)
             if live.shadows:
                 before = len(scored)
-                self._score(live, slots[live.slot] is not live, scored)
+                self._score(live, slots[live.slot] is not live, scored, grades)
                 scored_by += [live.request.index] * (len(scored) - before)
             trace_rows.append({"request": live.request.index, "slot": live.slot, "position": position, "raw": raw,
                                "proposed": n_prop, "accepted": n_acc, "emitted": emitted})
@@ -409,7 +413,7 @@ class Generator:
         host_s = max(0.0, end - step_start - propose_s - verify_s)
         if self._policy_runs:
             self._call_policy("observe", StepOutcome(k, proposed, n_accepted, verify_s, propose_s, host_s,
-                                                     tuple(scored), tuple(scored_by)))
+                                                     tuple(scored), tuple(scored_by), tuple(grades)))
         self.trace({"kind": "step", "step": self.step_count, "t": end - self.t0, "k": k, "batch": self.rows,
                     "propose_s": propose_s, "verify_s": verify_s, "host_s": host_s, "rows": trace_rows})
 
@@ -430,8 +434,9 @@ class Generator:
         return hidden
 
     @staticmethod
-    def _score(live: _Live, finished: bool, out: list) -> None:
-        """Compare the row's open proposals with the tokens it now holds; close the decided ones.
+    def _score(live: _Live, finished: bool, out: list, grades: list) -> None:
+        """Compare the row's open proposals with the tokens it now holds; close the decided ones
+        (their (checked, matched) pairs into ``out``, their grades into ``grades``).
 
         A proposal made when the row held n tokens guessed tokens n, n+1, ...; it is decided at
         its first mismatch (``(matched + 1, matched)``: matched + 1 positions checked) or when
@@ -442,15 +447,17 @@ class Generator:
         """
         buffer, length, still_open = live.buffer, live.length, []
         for shadow in live.shadows:
-            start, tokens, matched = shadow
+            start, tokens, matched, grade = shadow
             seen = min(len(tokens), length - start)
             while matched < seen and buffer[start + matched] == tokens[matched]:
                 matched += 1
             if matched < seen:
                 out.append((matched + 1, matched))
+                grades.append(grade)
             elif matched == len(tokens) or finished:
                 if matched:
                     out.append((matched, matched))
+                    grades.append(grade)
             else:
                 shadow[2] = matched
                 still_open.append(shadow)
@@ -528,11 +535,17 @@ class Generator:
             if len(tokens) and (probs.sum(axis=1) <= 0).any():
                 raise PluginError(f"{self._who()} returned a draft distribution that sums to 0 {where}")
             probs.setflags(write=False)
-        return Proposal(tokens, probs)
+        grade = proposal.grade
+        if grade is not None and (isinstance(grade, bool) or not isinstance(grade, (int, np.integer))):
+            raise PluginError(f"{self._who()} returned a grade of {grade!r} {where}; "
+                              "a proposal's grade must be an int or None")
+        return Proposal(tokens, probs, None if grade is None else int(grade))
 
-    def _choose_k(self, counts: list[int]) -> int:
+    def _choose_k(self, counts: list[int], proposals: list[Proposal]) -> int:
         if self.proposer is None:
             return self.ks[0]
+        if self._tell_grades:
+            self._call_policy("see_grades", [p.grade for p in proposals])
         k = self._call_policy("choose_k", counts, self.ks)
         if k not in self.ks:
             raise PluginError(f"the K policy chose K={k}, which is not compiled (compiled: {self.ks})")
