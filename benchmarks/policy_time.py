@@ -3,7 +3,7 @@
 Driven alone, a policy's methods run with warm caches; inside a generation every call follows a
 verify run that pushed its code and data out, and costs several times more (round 3 of issue
 23: 21 µs a step alone against 63 µs inside). So this times the policy where it runs: each
-call the generator makes to the policy (``propose_budget``, ``choose_k``, ``observe``) is wrapped
+call the generator makes to the policy (``propose_budget``, ``see_grades``, ``choose_k``, ``observe``) is wrapped
 with ``time.perf_counter`` during interleaved runs of the given modes, as ``spdflow bench``
 makes them (same warm-up, same rotating order). Per mode it prints, as medians over repeats,
 µs per step of each method and their sum, the step's host time (outside verify and proposer)
@@ -31,7 +31,7 @@ import sys
 import time
 from collections import defaultdict
 
-METHODS = ("propose_budget", "choose_k", "observe")
+METHODS = ("propose_budget", "see_grades", "choose_k", "observe")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,11 +16,12 @@ def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
             for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"nospec", "fixed", "varK:goodput"}
-    assert float(rows["nospec"][3]) == 0.0  # no proposer: the policy is never called
+    assert float(rows["nospec"][4]) == 0.0  # no proposer: the policy is never called
     for row in ("fixed", "varK:goodput"):
-        propose_budget, choose_k, observe, policy = map(float, rows[row][:4])
+        propose_budget, see_grades, choose_k, observe, policy = map(float, rows[row][:5])
         assert min(propose_budget, choose_k, observe) > 0
-        assert abs(policy - (propose_budget + choose_k + observe)) < 0.2  # (each figure rounded to 0.1)
+        assert (see_grades > 0) == (row == "varK:goodput")  # only a policy that reads grades is handed them
+        assert abs(policy - (propose_budget + see_grades + choose_k + observe)) < 0.25  # (each rounded to 0.1)
         assert rows[row][-1] == "yes"  # tokens equal no-spec's
 
 
@@ -36,8 +37,8 @@ def test_policy_time_pinned_runs_every_mode_on_one_schedule(tmp_path, capsys):
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
             for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"fixed:2", "varK:goodput"}
-    assert rows["varK:goodput"][5] == rows["fixed:2"][5]  # steps: one schedule
-    assert float(rows["varK:goodput"][3]) > 0  # goodput's methods ran
+    assert rows["varK:goodput"][6] == rows["fixed:2"][6]  # steps: one schedule
+    assert float(rows["varK:goodput"][4]) > 0  # goodput's methods ran
     assert rows["varK:goodput"][-1] == rows["fixed:2"][-1] == "yes"
     assert module.main([*common, "--modes", "fixed:2,goodput", "--pin", "3"]) == 2
     assert "not in the recipe's K-list" in capsys.readouterr().err

@@ -45,6 +45,7 @@ class GoodputConfig(BaseModel):
     evidence: int = Field(32, ge=1, description="Scored proposals (or 4x as many proposer calls) before proposing may be skipped.")
     row_weight: float = Field(2.0, ge=0.0, description="Pseudo-trials at the pooled acceptance behind each request's own scored proposals, per position (large: pooled only).")
     outcome_batch: int = Field(4, ge=0, description="From this many rows up (0: never), scale each row's acceptance by how proposals fared after one that fared like its request's last decided proposal (missed its first token, held in part, held whole); at batch 1 and 2 the replays measured it worse.")
+    grades: bool = Field(True, description="Scale each row's acceptance by how proposals of its proposal's grade fared (a proposer that grades them, e.g. prompt lookup by matched n-gram length), after its request's last outcome where that is read.")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
 
 
@@ -229,6 +230,9 @@ class AcceptanceEstimator:
         self._own: dict[int | None, list[float]] = {}  # request -> its own rates, until an estimate changes
         self.last: dict[int, int] = {}  # request -> how its last decided proposal fared
         self.after = [([0.0] * (max_k + 1), [0.0] * (max_k + 1)) for _ in OUTCOMES]  # (tried, held) per outcome, faded
+        #: (last outcome or None, grade) -> (tried, held), faded; with ``config.grades``
+        self.graded: dict[tuple[int | None, int], tuple[list[float], list[float]]] = {}
+        self._graded_ratios: dict[tuple[int | None, int], list[float]] = {}  # until an estimate changes
 
     @property
     def tries(self) -> list[float]:
@@ -254,9 +258,10 @@ class AcceptanceEstimator:
 
     def _forget(self) -> None:
         """An estimate changed: drop what was derived from it."""
-        self._pairs, self._after_ratios, self._own = {}, None, {}
+        self._pairs, self._after_ratios, self._own, self._graded_ratios = {}, None, {}, {}
 
-    def row_extras(self, requests: Sequence[int | None]) -> list[list[float]]:
+    def row_extras(self, requests: Sequence[int | None],
+                   grades: Sequence[int | None] | None = None) -> list[list[float]]:
         """``extra[n]`` of each row of a batch, from each request's own scored proposals.
 
         Per position, a request's rate is its own hits and tries behind ``row_weight``
@@ -271,20 +276,28 @@ class AcceptanceEstimator:
         token held 0.86 of the time after one that held whole and 0.25 after one that missed
         (benchmarks/README.md, "Issue 23, round 15"). Each request's rates, and its extras after
         each outcome, are cached until an estimate changes.
+
+        With ``grades`` (one per row, None where ungraded) and the config's ``grades``, a graded
+        row's rate is scaled instead by how proposals of its grade fared after that outcome (or
+        at all, without ``by_outcome``), over the pooled rate.
         """
         pooled_extra = self.expected_extra()  # (a new pooled estimate drops the cache)
         last = self.last if self.by_outcome else {}
+        if grades is None or not self.config.grades:
+            grades = [None] * len(requests)
         extras, pairs = [], self._pairs
-        for request in requests:
+        for request, grade in zip(requests, grades):
             outcome = last.get(request)
-            extra = pairs.get((request, outcome))
+            extra = pairs.get((request, outcome, grade))
             if extra is None:
-                extra = pairs[(request, outcome)] = self._extra_of(request, outcome, pooled_extra)
+                extra = pairs[(request, outcome, grade)] = self._extra_of(request, outcome, grade, pooled_extra)
             extras.append(extra)
         return extras
 
-    def _extra_of(self, request: int | None, outcome: int | None, pooled_extra: list[float]) -> list[float]:
-        """``extra[n]`` of a request after ``outcome`` (None: its own estimate alone)."""
+    def _extra_of(self, request: int | None, outcome: int | None, grade: int | None,
+                  pooled_extra: list[float]) -> list[float]:
+        """``extra[n]`` of a request after ``outcome`` with a proposal of ``grade`` (None, None:
+        its own estimate alone)."""
         rates = self._own.get(request)
         if rates is None:
             seen = self.by_request.get(request) if request is not None else None
@@ -293,10 +306,32 @@ class AcceptanceEstimator:
                 pooled, weight, tries, hits = rates, self.config.row_weight, _from_each(seen[0]), _from_each(seen[1])
                 rates = [1.0] + [(hits[j] + weight * pooled[j]) / (tries[j] + weight) for j in range(1, len(pooled))]
             self._own[request] = rates
-        if outcome is None:
+        if grade is not None:
+            after = self._graded_rates(outcome, grade)
+        elif outcome is not None:
+            after = self._after_rates()[outcome]
+        else:
             return pooled_extra if rates is self._rates else _running_extra(rates)
-        after = self._after_rates()[outcome]
         return _running_extra([1.0] + [min(0.995, rates[j] * after[j]) for j in range(1, len(rates))])
+
+    def _graded_rates(self, outcome: int | None, grade: int) -> list[float]:
+        """Per position: the rate of proposals of ``grade`` after ``outcome`` over the pooled
+        rate, behind ``prior_weight`` pseudo-trials at the rate after ``outcome`` (the pooled
+        rate when None); cached."""
+        key = (outcome, grade)
+        ratios = self._graded_ratios.get(key)
+        if ratios is None:
+            pooled, weight = self._rates, self.config.prior_weight
+            base = pooled if outcome is None else [p * r for p, r in zip(pooled, self._after_rates()[outcome])]
+            table = self.graded.get(key)
+            scale = 1.0 / self.unit
+            tries, hits = (_from_each(table[0], scale), _from_each(table[1], scale)) if table else (None, None)
+            ratios = [1.0]
+            for j in range(1, len(pooled)):
+                rate = base[j] if table is None else (hits[j] + weight * base[j]) / (tries[j] + weight)
+                ratios.append(rate / max(pooled[j], 1e-6))
+            self._graded_ratios[key] = ratios
+        return ratios
 
     def _after_rates(self) -> list[list[float]]:
         """Per outcome, per position: the rate after that outcome over the pooled rate (each
@@ -319,22 +354,25 @@ class AcceptanceEstimator:
         return before
 
     def count(self, scored: Sequence[tuple[int, int]], requests: Sequence[int] = (),
-              before: Sequence[int | None] = ()) -> None:
+              before: Sequence[int | None] = (), grades: Sequence[int | None] = ()) -> None:
         """One step's decided proposals, (checked, matched) each: positions 1..checked were tried,
         1..matched held. Each is counted into the pooled counts (older ones fading by ``decay``
         per proposal), into its request's own (``requests[i]`` made ``scored[i]``) and, given
-        ``before`` (:meth:`note_outcomes`), under the outcome its request had before it (fading
+        ``before`` (:meth:`note_outcomes`), under the outcome its request had before it; given
+        ``grades`` (with the config's ``grades``), under its grade and that outcome (both fading
         as the pooled counts do)."""
         if not scored:
             return
         fade = self.config.decay ** len(scored)
         unit = self.unit / fade if fade > 0.0 else math.inf  # the older counts fade against it
         if unit > 1e6:  # bring the faded counts back to a unit of 1 (about every 1400 proposals)
-            for counts in (self.tried, self.held, *(c for table in self.after for c in table)):
+            tables = (*self.after, *self.graded.values())
+            for counts in (self.tried, self.held, *(c for table in tables for c in table)):
                 counts[:] = [n / unit for n in counts]
             unit = 1.0
         self.unit = unit
         tried, held, after, by_request, size = self.tried, self.held, self.after, self.by_request, len(self.tried)
+        graded = self.config.grades and len(grades) == len(scored)
         for i, (checked, matched) in enumerate(scored):
             tried[checked] += unit
             held[matched] += unit
@@ -344,8 +382,15 @@ class AcceptanceEstimator:
                     seen = by_request[requests[i]] = ([0] * size, [0] * size)
                 seen[0][checked] += 1
                 seen[1][matched] += 1
-            if i < len(before) and before[i] is not None:
-                table = after[before[i]]
+            last = before[i] if i < len(before) else None
+            if last is not None:
+                table = after[last]
+                table[0][checked] += unit
+                table[1][matched] += unit
+            if graded and grades[i] is not None:
+                table = self.graded.get((last, grades[i]))
+                if table is None:
+                    table = self.graded[(last, grades[i])] = ([0.0] * size, [0.0] * size)
                 table[0][checked] += unit
                 table[1][matched] += unit
         self._extra = None
@@ -414,7 +459,7 @@ class Goodput(KPolicy):
 
     A row with n proposals is worth ``1 + extra[min(n, K)]`` tokens (:class:`AcceptanceEstimator`);
     a step costs :meth:`StepCostModel.step_cost`. The rule picks ``argmax_K tokens(K) / cost(K)``,
-    ties to the smaller K, truncating proposals longer than K. Six refinements, each tested in
+    ties to the smaller K, truncating proposals longer than K. Seven refinements, each tested in
     tests/plugins/test_k_policy.py and each kept for a measurement in benchmarks/README.md (the
     section named in brackets):
 
@@ -427,6 +472,13 @@ class Goodput(KPolicy):
       step it is decided, not at the next count. [Priced replays, "Issue 23, round 15": the worst
       cell went from -3.7 % to -2.0 % (tuned-on prompts) and from -2.1 % to -0.8 % (held out);
       read at batch 1 and 2 too, it did worse there on both.]
+    * Grades (``grades``): when the proposer grades its proposals (:attr:`spdflow.api.Proposal.grade`;
+      prompt lookup: the length of the n-gram it matched), a graded row's rate is scaled instead
+      by how proposals of its grade fared after that outcome (at batch 1 and 2: at all), seen
+      before the step's K is chosen (:meth:`see_grades`). [Priced replays, "Issue 23, round 18":
+      on code at fixed K = 7, proposals from a 1-token match held 1.35 tokens, from a 3-token
+      match 4.91; mean regret +2.25 -> +2.63 % (tuned on), +2.70 -> +2.86 % (held out); scaling
+      the pooled rate instead of the request's own, or a request's own rate per grade, did worse.]
     * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
       leave and again to come back, shared over the steps a run of proposals is expected to
       last (``1 / (1 - run_on)``); a change between two speculating shapes pays it once; a step
@@ -503,6 +555,7 @@ class Goodput(KPolicy):
         self.requests: tuple[int, ...] = ()  # the request on each row, from the last propose_budget
         self.waiting = 0
         self.weights: list[float] | None = None
+        self.grades: tuple[int | None, ...] = ()  # each row's proposal grade, from the last see_grades
         self.offered = 0.0  # share of rows with a proposal at the last choose_k
         self._budget_k: int | None = None  # the last priced proposer budget (0: skip)
         self._decided: dict[tuple, int] = {}  # choose_k's decisions since the estimates last changed
@@ -515,19 +568,23 @@ class Goodput(KPolicy):
         return self.acceptance.run_on(len(self.left))
 
     def rates(self, proposal_counts: Sequence[int], extra_propose_s: float = 0.0,
-              weights: Sequence[float] | None = None, share: float = 1.0, budget: bool = False) -> dict[int, float]:
+              weights: Sequence[float] | None = None, share: float = 1.0, budget: bool = False,
+              grades: Sequence[int | None] | None = None) -> dict[int, float]:
         """Expected (weighted) tokens per second of each compiled K for rows proposing these counts.
 
         ``share`` < 1 prices a step before the proposer has run: each row gets its proposal
         with chance ``share``, and when no row gets one the step runs at the cheapest K.
-        ``budget`` marks the proposer budget's pricing (it reads the pooled estimate at batch 1).
+        ``budget`` marks the proposer budget's pricing (it reads the pooled estimate at batch 1);
+        ``grades`` are the rows' proposal grades (:meth:`see_grades`), when known.
         Plain Python on purpose: it runs for a handful of rows and K values.
         """
         # Each row at its request's own estimate; except when pricing the proposer budget at
         # batch 1, where a request's own record early on is a few proposals and skipping the
         # proposer on it would also stop the evidence that could correct it.
         own = len(self.requests) == len(proposal_counts) and not (budget and self.rows == 1)
-        extras = self.acceptance.row_extras(self.requests if own else [None] * len(proposal_counts))
+        if grades is not None and len(grades) != len(proposal_counts):
+            grades = None
+        extras = self.acceptance.row_extras(self.requests if own else [None] * len(proposal_counts), grades)
         if weights is None or len(weights) != len(proposal_counts):
             weights = [1.0] * len(proposal_counts)
         base = sum(weights)
@@ -636,14 +693,19 @@ class Goodput(KPolicy):
             return self._cheapest
         self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
         weights = self.row_weights()
+        grades = self.grades if self.config.grades else None
         if weights is not None:  # a static batch's row weights move every step: nothing to reuse
-            return self.best(self.rates(proposal_counts, weights=weights))
+            return self.best(self.rates(proposal_counts, weights=weights, grades=grades))
         key = (tuple(proposal_counts), self.costs.last_k, self.requests,
-               tuple(self.acceptance.last.get(r) for r in self.requests) if self.acceptance.by_outcome else None)
+               tuple(self.acceptance.last.get(r) for r in self.requests) if self.acceptance.by_outcome else None,
+               grades)
         decided = self._decided.get(key)
         if decided is None:
-            decided = self._decided[key] = self.best(self.rates(proposal_counts, weights=weights))
+            decided = self._decided[key] = self.best(self.rates(proposal_counts, weights=weights, grades=grades))
         return decided
+
+    def see_grades(self, grades):
+        self.grades = tuple(grades)  # read by the choose_k that follows
 
     def observe(self, outcome):
         k = outcome.k
@@ -671,7 +733,7 @@ class Goodput(KPolicy):
                 acceptance.observe_call(offered)
             else:
                 acceptance.observe_no_call()
-            acceptance.count(outcome.scored, outcome.scored_requests, before)
+            acceptance.count(outcome.scored, outcome.scored_requests, before, outcome.scored_grades)
         self._pending.clear()
         self._decided.clear()
         self._budget_k = None  # priced again at the next step

@@ -553,6 +553,34 @@ def test_goodput_reads_each_rows_last_outcome_when_proposals_come_in_spells():
     assert [goodput(costs, rows=rows).acceptance.by_outcome for rows in (1, 2, 4, 8)] == [False, False, True, True]
 
 
+def test_goodput_prices_each_row_by_its_proposals_grade():
+    # Prompt lookup grades a proposal by the n-gram it matched. Here grade-3 proposals hold
+    # whole and grade-1 ones miss, in no order a request's last outcome could tell: only the
+    # grade seen at choose_k (see_grades) says which proposals will hold.
+    costs = {0: 1.0, 2: 2.0, 4: 2.5, 7: 3.0}
+    decided = {}
+    for graded in (True, False):
+        policy = goodput(costs, rows=2, grades=graded)
+        for step in range(120):
+            policy.propose_budget(7, StepContext((100, 100), 0, 2, (10, 11)))
+            grades = (3 if step % 3 else 1, 1 if step % 5 else 3)
+            scored = tuple((7, 7) if g == 3 else (1, 0) for g in grades)
+            policy.observe(StepOutcome(0, (0, 0), (0, 0), 1.0, 0.0, 0.0, scored, (10, 11), grades))
+        policy.count_pending()
+        choices = []
+        for grades in ((1, 1), (3, 3), (3, None)):
+            policy.costs.last_k = 0
+            policy.see_grades(grades)
+            choices.append(policy.choose_k([7, 7], KS))
+        decided[graded] = choices
+        if graded:
+            low, high = policy.acceptance.row_extras([10, 10], [1, 3])
+            assert low[7] < 0.5 < 4.0 < high[7]
+            assert set(policy.acceptance.graded) == {(None, 1), (None, 3)}  # batch 2: no outcomes read
+    assert decided[True] == [0, 7, 7]
+    assert len(set(decided[False])) == 1  # without grades every batch looks alike
+
+
 def test_goodput_prices_the_batch_1_budget_on_the_pooled_estimate():
     # Request 5's first proposals failed; earlier requests' held. At batch 1 the proposer keeps
     # running (the budget reads the pooled estimate) while choose_k reads request 5's own.
@@ -607,7 +635,7 @@ def test_goodput_counts_steps_in_groups_with_the_same_result_as_one_by_one():
         k, proposed, accepted = pattern[step % len(pattern)]
         scored = tuple((min(a + 1, n), a) for n, a in zip(proposed, accepted) if n)
         outcome = StepOutcome(k, proposed, accepted, 1.0 + 0.1 * k + 0.01 * (step % 7), 0.001 * (step % 3),
-                              0.05, scored, (10, 11)[: len(scored)])
+                              0.05, scored, (10, 11)[: len(scored)], (1, 3)[: len(scored)])
         for policy in (eager, grouped):
             policy.choose_k(list(proposed), KS)  # sets the share of rows that proposed
             policy.observe(outcome)
@@ -621,6 +649,10 @@ def test_goodput_counts_steps_in_groups_with_the_same_result_as_one_by_one():
     assert grouped.acceptance.by_request == eager.acceptance.by_request
     assert grouped.acceptance.last == eager.acceptance.last and eager.acceptance.last
     for (g_tries, g_hits), (e_tries, e_hits) in zip(grouped.acceptance.after, eager.acceptance.after):
+        assert g_tries == pytest.approx(e_tries) and g_hits == pytest.approx(e_hits)
+    assert set(grouped.acceptance.graded) == set(eager.acceptance.graded) and len(eager.acceptance.graded) > 2
+    for key, (g_tries, g_hits) in grouped.acceptance.graded.items():
+        e_tries, e_hits = eager.acceptance.graded[key]
         assert g_tries == pytest.approx(e_tries) and g_hits == pytest.approx(e_hits)
     assert grouped.peek_every == eager.peek_every
 
