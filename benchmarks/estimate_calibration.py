@@ -43,8 +43,7 @@ def recording_policy(settings: dict):
             if k > 0 and any(proposal_counts) and self._settled:
                 own = len(self.requests) == len(proposal_counts)
                 requests = self.requests if own else [None] * len(proposal_counts)
-                graded = self.config.grades and len(self.grades) == len(proposal_counts)
-                grades = self.grades if graded else (None,) * len(proposal_counts)
+                grades = self.row_grades(len(proposal_counts)) or (None,) * len(proposal_counts)
                 extras = self.acceptance.row_extras(requests, grades)
                 pooled = self.acceptance.expected_extra()
                 last = self.acceptance.last if self.acceptance.by_outcome else {}

@@ -277,13 +277,13 @@ class AcceptanceEstimator:
         (benchmarks/README.md, "Issue 23, round 15"). Each request's rates, and its extras after
         each outcome, are cached until an estimate changes.
 
-        With ``grades`` (one per row, None where ungraded) and the config's ``grades``, a graded
-        row's rate is scaled instead by how proposals of its grade fared after that outcome (or
-        at all, without ``by_outcome``), over the pooled rate.
+        With ``grades`` (one per row, None where ungraded; goodput passes them with its ``grades``
+        setting on), a graded row's rate is scaled instead by how proposals of its grade fared
+        after that outcome (or at all, without ``by_outcome``), over the pooled rate.
         """
         pooled_extra = self.expected_extra()  # (a new pooled estimate drops the cache)
         last = self.last if self.by_outcome else {}
-        if grades is None or not self.config.grades:
+        if grades is None:
             grades = [None] * len(requests)
         extras, pairs = [], self._pairs
         for request, grade in zip(requests, grades):
@@ -321,28 +321,26 @@ class AcceptanceEstimator:
         key = (outcome, grade)
         ratios = self._graded_ratios.get(key)
         if ratios is None:
-            pooled, weight = self._rates, self.config.prior_weight
+            pooled = self._rates
             base = pooled if outcome is None else [p * r for p, r in zip(pooled, self._after_rates()[outcome])]
-            table = self.graded.get(key)
-            scale = 1.0 / self.unit
-            tries, hits = (_from_each(table[0], scale), _from_each(table[1], scale)) if table else (None, None)
-            ratios = [1.0]
-            for j in range(1, len(pooled)):
-                rate = base[j] if table is None else (hits[j] + weight * base[j]) / (tries[j] + weight)
-                ratios.append(rate / max(pooled[j], 1e-6))
-            self._graded_ratios[key] = ratios
+            ratios = self._graded_ratios[key] = self._over_pooled(self.graded.get(key), base)
         return ratios
+
+    def _over_pooled(self, table: tuple[list[float], list[float]] | None, base: list[float]) -> list[float]:
+        """Per position: the rate of a faded (tried, held) ``table`` behind ``prior_weight``
+        pseudo-trials at ``base`` (``base`` itself without a table), over the pooled rate."""
+        pooled = self._rates
+        if table is not None:
+            weight, scale = self.config.prior_weight, 1.0 / self.unit
+            tries, hits = _from_each(table[0], scale), _from_each(table[1], scale)
+            base = [1.0] + [(hits[j] + weight * base[j]) / (tries[j] + weight) for j in range(1, len(pooled))]
+        return [1.0] + [base[j] / max(pooled[j], 1e-6) for j in range(1, len(pooled))]
 
     def _after_rates(self) -> list[list[float]]:
         """Per outcome, per position: the rate after that outcome over the pooled rate (each
         behind ``prior_weight`` pseudo-trials at the pooled rate); cached."""
         if self._after_ratios is None:
-            pooled, weight, scale = self._rates, self.config.prior_weight, 1.0 / self.unit
-            tables = [(_from_each(tried, scale), _from_each(held, scale)) for tried, held in self.after]
-            self._after_ratios = [
-                [1.0] + [((hits[j] + weight * pooled[j]) / (tries[j] + weight)) / max(pooled[j], 1e-6)
-                         for j in range(1, len(pooled))]
-                for tries, hits in tables]
+            self._after_ratios = [self._over_pooled(table, self._rates) for table in self.after]
         return self._after_ratios
 
     def note_outcomes(self, requests: Sequence[int], scored: Sequence[tuple[int, int]]) -> list[int | None]:
@@ -582,8 +580,6 @@ class Goodput(KPolicy):
         # batch 1, where a request's own record early on is a few proposals and skipping the
         # proposer on it would also stop the evidence that could correct it.
         own = len(self.requests) == len(proposal_counts) and not (budget and self.rows == 1)
-        if grades is not None and len(grades) != len(proposal_counts):
-            grades = None
         extras = self.acceptance.row_extras(self.requests if own else [None] * len(proposal_counts), grades)
         if weights is None or len(weights) != len(proposal_counts):
             weights = [1.0] * len(proposal_counts)
@@ -693,7 +689,7 @@ class Goodput(KPolicy):
             return self._cheapest
         self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
         weights = self.row_weights()
-        grades = self.grades if self.config.grades else None
+        grades = self.row_grades(len(proposal_counts))
         if weights is not None:  # a static batch's row weights move every step: nothing to reuse
             return self.best(self.rates(proposal_counts, weights=weights, grades=grades))
         key = (tuple(proposal_counts), self.costs.last_k, self.requests,
@@ -705,7 +701,13 @@ class Goodput(KPolicy):
         return decided
 
     def see_grades(self, grades):
-        self.grades = tuple(grades)  # read by the choose_k that follows
+        if self.config.grades:
+            self.grades = tuple(grades)  # read by the choose_k that follows
+
+    def row_grades(self, rows: int) -> tuple[int | None, ...] | None:
+        """The rows' proposal grades from the last :meth:`see_grades` (None: not read, or not
+        one per row)."""
+        return self.grades if len(self.grades) == rows else None
 
     def observe(self, outcome):
         k = outcome.k
