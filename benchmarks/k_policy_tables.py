@@ -15,6 +15,8 @@ tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) ge
     python benchmarks/k_policy_tables.py --repeats 3 --policies guarded \\
         --update-readme benchmarks/README.md                               # re-run, README section replaced
     python benchmarks/k_policy_tables.py --repeats 5 --processes 3       # 3 benches per workload, pooled
+    python benchmarks/k_policy_tables.py --repeats 5 --processes 2 --first-process 4 --out DIR
+                                                                          # 2 more, pooled with DIR's p1-p3
     python benchmarks/k_policy_tables.py --render-only --out DIR          # tables again from DIR's JSON
 
 Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
@@ -124,17 +126,23 @@ def bench_command(workload: Workload, policies: list[str], repeats: int, count: 
     return command
 
 
-def result_stem(name: str, process: int, processes: int) -> str:
+def result_stem(name: str, process: int, numbered: bool) -> str:
     """The file name (without suffix) of a workload's bench: ``<name>`` with one process, as before
-    ``--processes`` existed, and ``<name>.p<process>`` with several."""
-    return name if processes == 1 else f"{name}.p{process}"
+    ``--processes`` existed, and ``<name>.p<process>`` when processes are numbered (several, or
+    added to earlier ones with ``--first-process``)."""
+    return f"{name}.p{process}" if numbered else name
 
 
-def plan(names: Sequence[str], processes: int) -> list[tuple[str, int]]:
+def plan(names: Sequence[str], processes: int, first: int = 1) -> list[tuple[str, int]]:
     """The (workload, process) benches in the order they run: round p runs every workload once, so
     a workload's processes lie apart in time and a slow spell of the machine hits several workloads'
-    single processes rather than all of one workload's."""
-    return [(name, process) for process in range(1, processes + 1) for name in names]
+    single processes rather than all of one workload's. Processes are numbered from ``first``."""
+    return [(name, process) for process in range(first, first + processes) for name in names]
+
+
+def numbered(args) -> bool:
+    """Whether this run's files and records carry process numbers (see :func:`result_stem`)."""
+    return args.processes > 1 or args.first_process > 1
 
 
 def clear_previous(out: Path, name: str, processes: int, records: dict) -> None:
@@ -154,12 +162,12 @@ def run_workload(workload: Workload, policies: list[str], args, out: Path, proce
     """One bench (process ``process`` of ``args.processes``, :func:`result_stem` names its files);
     returns its record (command, load before/after, seconds, exit code; with several processes, the
     process number)."""
-    stem = result_stem(workload.name, process, args.processes)
+    stem = result_stem(workload.name, process, numbered(args))
     json_path = out / f"{stem}.json"
     command = bench_command(workload, policies, args.repeats, args.count, json_path, args.batch_sizes, args.overrides)
     shown = [c if c != sys.executable else "python" for c in command]
     shown = [_relative(c) for c in shown]
-    record = {"workload": workload.name, **({"process": process} if args.processes > 1 else {}),
+    record = {"workload": workload.name, **({"process": process} if numbered(args) else {}),
               "command": " ".join(_quote(c) for c in shown), "uptime_before": uptime()}
     print(f"== {stem}: {record['command']}", file=sys.stderr, flush=True)
     start = time.monotonic()
@@ -424,10 +432,15 @@ def workload_section(workload: Workload, rows: list[dict], policies: list[str], 
     lines = [f"#### {workload.name}: {workload.about}", ""]
     if record:
         lines += [f"`{record['command']}`  ", _run_facts(record), ""]
-    if runs:  # the processes' commands differ only by the .p<p> of their files
-        others = ", ".join(f".p{r['process']}" for r in runs[1:])
-        lines += [f"`{runs[0]['command']}` × {len(runs)} processes" + (f" (the same with {others})" if others else "")
-                  + ", round-robin with the other workloads:  ", *[f"p{r['process']}: {_run_facts(r)}  " for r in runs], ""]
+    if runs:  # each command once, with the processes that ran it (they differ by the .p<p> of their files)
+        groups: dict[str, list[dict]] = {}
+        for r in runs:
+            groups.setdefault(re.sub(r"\.p\d+\.json\b", ".p<p>.json", r["command"]), []).append(r)
+        for mine in groups.values():
+            others = ", ".join(f".p{r['process']}" for r in mine[1:])
+            lines += [f"`{mine[0]['command']}` × {len(mine)} process" + "es" * (len(mine) > 1)
+                      + (f" (the same with {others})" if others else "") + ", round-robin with the other workloads:  "]
+        lines += [*[f"p{r['process']}: {_run_facts(r)}  " for r in runs], ""]
     by_process = [(p, sorted({r["prompts_sha256"] for r in mine if r.get("prompts_sha256")})) for p, mine in processes]
     digests = sorted({r["prompts_sha256"][:12] for r in [*rows, *(r for _, mine in processes for r in mine)]
                       if r.get("prompts_sha256")})
@@ -573,6 +586,10 @@ def parse_args(argv=None):
                         help="bench processes per workload, each with --repeats repeats (default 1). With N > 1: "
                              "N rounds, each running every workload once, into <workload>.p<p>.json, and the tables "
                              "pool the processes' repeats (repeats within one process are not independent)")
+    parser.add_argument("--first-process", type=int, default=1, metavar="P",
+                        help="number this run's processes from P and keep --out's earlier processes and records, "
+                             "so that the tables pool both (more repeats of the same code; default 1: a run replaces "
+                             "each workload's earlier results)")
     parser.add_argument("--count", type=int, default=24, help="prompts per workload (default 24)")
     parser.add_argument("--batch-sizes", default=BATCH_SIZES,
                         help=f"comma-separated batch sizes of every bench (default {BATCH_SIZES}; e.g. 1,2,4 for the "
@@ -607,20 +624,28 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.count < 1:
         print("--repeats and --count must be at least 1", file=sys.stderr)
         return 2
-    if args.processes < 1:
-        print("--processes must be at least 1", file=sys.stderr)
-        return 2
+    for flag, value in (("--processes", args.processes), ("--first-process", args.first_process)):
+        if value < 1:
+            print(f"{flag} must be at least 1", file=sys.stderr)
+            return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.json"
     records = load_records(runs_path)
+    alone = [n for n in names if (out / f"{n}.json").exists()]
+    if args.first_process > 1 and alone and not args.render_only:
+        print(f"--first-process {args.first_process}: {out / (alone[0] + '.json')} is a single-process result, which the "
+              "tables would take instead of any process added to it; run without --first-process to replace it",
+              file=sys.stderr)
+        return 2
     failed = []
     if not args.render_only:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        for name, process in plan(names, args.processes):
+        for name, process in plan(names, args.processes, args.first_process):
             if process == 1:
                 clear_previous(out, name, args.processes, records)
-            key, stem = (name, process if args.processes > 1 else None), result_stem(name, process, args.processes)
+            key = (name, process if numbered(args) else None)
+            stem = result_stem(name, process, numbered(args))
             records[key] = run_workload(WORKLOADS[name], policies, args, out, process)
             runs_path.write_text(json.dumps(list(records.values()), indent=1))
             if records[key]["exit_code"] != 0:

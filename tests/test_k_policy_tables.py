@@ -325,6 +325,36 @@ def test_several_processes_run_round_robin_into_their_own_files(tables, fake_ben
     assert tables.plan(["a", "b"], 3) == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
 
 
+def test_processes_added_with_first_process_pool_with_the_earlier_ones(tables, fake_bench, tmp_path, capsys):
+    assert tables.main(["--processes", "2", "--workloads", "code", "--out", str(tmp_path)]) == 0
+    earlier = tmp_path / "earlier"  # the first two ran into another directory, copied here
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    for r in runs:
+        r["command"] = r["command"].replace(str(tmp_path), str(earlier))
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    fake_bench.clear()
+    assert tables.main(["--processes", "2", "--first-process", "3", "--workloads", "code", "--out", str(tmp_path)]) == 0
+    assert [Path(c[c.index("--json") + 1]).name for c in fake_bench] == ["code.p3.json", "code.p4.json"]
+    assert [p for p, _ in tables.process_files(tmp_path, "code")] == [1, 2, 3, 4]
+    assert [r.get("process") for r in json.loads((tmp_path / "runs.json").read_text())] == [1, 2, 3, 4]
+    text = (tmp_path / "tables.md").read_text()
+    assert "The repeats of every workload come from 4 bench processes" in text
+    # each command once, with the processes that ran it
+    assert f"{earlier}/code.p1.json" in text and "× 2 processes (the same with .p2)" in text
+    assert "× 2 processes (the same with .p4)" in text and "p3: " in text and "p4: " in text
+    # one more process, numbered: its own file, never <name>.json
+    fake_bench.clear()
+    assert tables.main(["--first-process", "5", "--workloads", "code", "--out", str(tmp_path)]) == 0
+    assert [Path(c[c.index("--json") + 1]).name for c in fake_bench] == ["code.p5.json"]
+    assert "× 3 processes (the same with .p4, .p5)" in (tmp_path / "tables.md").read_text()
+    # a single-process result would be read instead of the added processes: refused before any bench
+    (tmp_path / "code.json").write_text("[]")
+    fake_bench.clear()
+    assert tables.main(["--first-process", "6", "--workloads", "code", "--out", str(tmp_path)]) == 2
+    assert fake_bench == [] and "single-process result" in capsys.readouterr().err
+    assert tables.main(["--first-process", "0", "--out", str(tmp_path)]) == 2
+
+
 def test_one_process_keeps_the_file_names_and_records_of_before(tables, fake_bench, tmp_path, capsys):
     record = {"workload": "code", "command": "old", "uptime_before": "load average: 1.00, 1.00, 1.00",
               "seconds": 5.0, "uptime_after": "load average: 3.00, 3.00, 3.00", "exit_code": 0}
