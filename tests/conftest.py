@@ -28,6 +28,23 @@ def load_benchmark(name: str):
     return module
 
 
+def markdown_rows(out: str, header: str) -> dict[str, list[str]]:
+    """A benchmark's printed markdown table as {first cell: the other cells}, the header row
+    (the one whose first cell is ``header``) left out."""
+    return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and not line.startswith(f"| {header} ")}
+
+
+def run_table_benchmark(name: str, tmp_path: Path, capsys, *args: str, header: str = "mode"):
+    """Run ``benchmarks/<name>.py`` on the default recipe with ``args`` (its output under
+    ``tmp_path``), check it exits 0, and return the module and its table's rows (:func:`markdown_rows`)."""
+    module = load_benchmark(name)
+    rc = module.main([str(REPO / "recipes" / "tinycode_varK.yaml"), *args, "--set", f"output={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    return module, markdown_rows(out, header)
+
+
 def record_code_run(runs: Path) -> None:
     """A short recorded run of the default recipe (2 prompts x 24 tokens) at ``runs / "code"``,
     the layout ``k_policy_replay.py --make-runs`` writes."""

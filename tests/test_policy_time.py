@@ -1,20 +1,15 @@
 """benchmarks/policy_time.py: a policy's own time per step, timed inside bench-style runs."""
 from __future__ import annotations
 
-from conftest import REPO, load_benchmark
+from conftest import REPO, load_benchmark, markdown_rows, run_table_benchmark
 
 
 def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp_path, capsys):
-    module = load_benchmark("policy_time")
-    rc = module.main([str(REPO / "recipes" / "tinycode_varK.yaml"), "--batch", "1", "--repeats", "1",
-                      "--modes", "nospec,fixed,goodput", "--set", f"output={tmp_path / 'run'}",
-                      "--set", "workload.count=2", "--set", "workload.max_new_tokens=16"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
+    _, rows = run_table_benchmark("policy_time", tmp_path, capsys, "--batch", "1", "--repeats", "1",
+                                  "--modes", "nospec,fixed,goodput", "--set", "workload.count=2",
+                                  "--set", "workload.max_new_tokens=16")
     from spdflow.engine.generate import Generator
     assert "timed" not in Generator._call_policy.__qualname__  # the wrapping does not outlive the run
-    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"nospec", "fixed", "varK:goodput"}
     assert float(rows["nospec"][4]) == 0.0  # no proposer: the policy is never called
     for row in ("fixed", "varK:goodput"):
@@ -34,8 +29,7 @@ def test_policy_time_pinned_runs_every_mode_on_one_schedule(tmp_path, capsys):
     rc = module.main([*common, "--modes", "fixed:2,goodput", "--pin", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")}
+    rows = markdown_rows(out, "mode")
     assert set(rows) == {"fixed:2", "varK:goodput"}
     assert rows["varK:goodput"][6] == rows["fixed:2"][6]  # steps: one schedule
     assert float(rows["varK:goodput"][4]) > 0  # goodput's methods ran
