@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be at least 1 and --delays non-negative numbers")
 
     import spdflow.engine.generate as generate
-    from spdflow.bench import BatchBench, reference_tokens, resolve_modes
+    from spdflow.bench import BatchBench, reference_tokens, resolve_modes, run_order
     from spdflow.engine.run import NullUI
     from spdflow.plugins import get_plugin_manager
     from spdflow.recipe.loader import load_recipe
@@ -71,23 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         bench.open()
         bench.warm_up()
         baseline = reference_tokens(bench)
-        for repeat in range(args.repeats):
-            shift = repeat % len(variants)
-            for row, d in variants[shift:] + variants[:shift]:
-                delay[0] = d * 1e-6
-                try:
-                    run = bench.run(modes[row], repeat)
-                finally:
-                    delay[0] = 0.0
-                steps = [r for r in run.records if r.get("kind") == "step"]
-                by_k = defaultdict(list)
-                for step in steps:
-                    by_k[int(step["k"])].append(float(step["verify_s"]))
-                gap = statistics.median(float(s["host_s"]) + float(s.get("propose_s", 0.0)) for s in steps) if steps else 0.0
-                results[(row, d)].append({"tok/s": run.metrics.e2e_tokens_per_s, "gap": gap * 1e6,
-                                          "verify": {k: statistics.mean(v) * 1e3 for k, v in by_k.items()},
-                                          "steps": {k: len(v) for k, v in by_k.items()}, "same": run.tokens == baseline})
-                print(f"  repeat {repeat} {row} +{d:.0f} µs: {run.metrics.e2e_tokens_per_s:.0f} tok/s", file=sys.stderr, flush=True)
+        for repeat, (row, d) in run_order(variants, args.repeats):
+            delay[0] = d * 1e-6
+            try:
+                run = bench.run(modes[row], repeat)
+            finally:
+                delay[0] = 0.0
+            steps = [r for r in run.records if r.get("kind") == "step"]
+            by_k = defaultdict(list)
+            for step in steps:
+                by_k[int(step["k"])].append(float(step["verify_s"]))
+            gap = statistics.median(float(s["host_s"]) + float(s.get("propose_s", 0.0)) for s in steps) if steps else 0.0
+            results[(row, d)].append({"tok/s": run.metrics.e2e_tokens_per_s, "gap": gap * 1e6,
+                                      "verify": {k: statistics.mean(v) * 1e3 for k, v in by_k.items()},
+                                      "steps": {k: len(v) for k, v in by_k.items()}, "same": run.tokens == baseline})
+            print(f"  repeat {repeat} {row} +{d:.0f} µs: {run.metrics.e2e_tokens_per_s:.0f} tok/s", file=sys.stderr, flush=True)
     finally:
         generate.Generator._call_policy = call_policy
         bench.close()

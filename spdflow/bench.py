@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -216,9 +216,12 @@ def own_settings(recipe, policy_name: str) -> dict:
     return dict(recipe.k_policy.with_) if recipe.k_policy.uses == policy_name else {}
 
 
-def run_order(modes: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+Item = TypeVar("Item")
+
+
+def run_order(modes: Sequence[Item], repeats: int) -> list[tuple[int, Item]]:
     """(repeat, mode) pairs, the mode order rotated by one each repeat so no mode always runs
-    first (or right after the same neighbour)."""
+    first (or right after the same neighbour); a mode may be any value (a row name, a variant)."""
     modes = list(modes)
     order = []
     for r in range(repeats):

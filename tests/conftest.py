@@ -37,12 +37,12 @@ def markdown_rows(out: str, header: str) -> dict[str, list[str]]:
 
 def run_table_benchmark(name: str, tmp_path: Path, capsys, *args: str, header: str = "mode"):
     """Run ``benchmarks/<name>.py`` on the default recipe with ``args`` (its output under
-    ``tmp_path``), check it exits 0, and return the module and its table's rows (:func:`markdown_rows`)."""
+    ``tmp_path``), check it exits 0, and return its table's rows (:func:`markdown_rows`)."""
     module = load_benchmark(name)
     rc = module.main([str(REPO / "recipes" / "tinycode_varK.yaml"), *args, "--set", f"output={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    return module, markdown_rows(out, header)
+    return markdown_rows(out, header)
 
 
 def record_code_run(runs: Path) -> None:

@@ -6,7 +6,7 @@ from conftest import REPO, load_benchmark, run_table_benchmark
 
 
 def test_host_gap_adds_the_delay_to_each_step_and_checks_the_tokens(tmp_path, capsys):
-    _, rows = run_table_benchmark("host_gap", tmp_path, capsys, "--batch", "1", "--repeats", "1", "--delays", "0,2000",
+    rows = run_table_benchmark("host_gap", tmp_path, capsys, "--batch", "1", "--repeats", "1", "--delays", "0,2000",
                                   "--set", "workload.count=2", "--set", "workload.max_new_tokens=16", header="variant")
     assert set(rows) == {"fixed:2 +0 µs", "fixed:2 +2000 µs", "varK:goodput +0 µs"}
     # the busy-wait lies in every step's host time (so the median step's too), far above a step's own

@@ -5,7 +5,7 @@ from conftest import REPO, load_benchmark, markdown_rows, run_table_benchmark
 
 
 def test_policy_time_times_each_policy_inside_the_runs_and_checks_the_tokens(tmp_path, capsys):
-    _, rows = run_table_benchmark("policy_time", tmp_path, capsys, "--batch", "1", "--repeats", "1",
+    rows = run_table_benchmark("policy_time", tmp_path, capsys, "--batch", "1", "--repeats", "1",
                                   "--modes", "nospec,fixed,goodput", "--set", "workload.count=2",
                                   "--set", "workload.max_new_tokens=16")
     from spdflow.engine.generate import Generator
