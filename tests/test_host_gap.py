@@ -27,3 +27,16 @@ def test_host_gap_refuses_a_mode_that_is_not_fixed_and_bad_delays(capsys):
     with pytest.raises(SystemExit):
         module.main([recipe, "--delays", "fast"])
     assert "give µs as numbers" in capsys.readouterr().err
+
+
+def test_host_gap_exits_1_when_a_runs_tokens_differ_from_no_spec(tmp_path, capsys, monkeypatch):
+    import spdflow.bench
+
+    monkeypatch.setattr(spdflow.bench, "reference_tokens", lambda bench: [[-1]])  # no run can equal it
+    module = load_benchmark("host_gap")
+    rc = module.main([str(REPO / "recipes" / "tinycode_varK.yaml"), "--batch", "1", "--repeats", "1", "--delays", "0",
+                      "--policies", "", "--set", f"output={tmp_path / 'run'}", "--set", "workload.count=1",
+                      "--set", "workload.max_new_tokens=8"])
+    assert rc == 1
+    out = capsys.readouterr().out
+    assert "| fixed:2 +0 µs |" in out and out.rstrip().endswith("| **no** |")
