@@ -227,6 +227,19 @@ def test_classic_billion_laughs_is_spd004(workdir):
     assert loaded.findings[0].code == "SPD004" and "more than 20000 values" in loaded.findings[0].message
 
 
+@pytest.mark.parametrize("depth", [41, 999, 1001, 5000])
+def test_deep_flow_nesting_is_spd004_at_once(depth, workdir):
+    # past libyaml's own limit (1000 levels) the depth check once fell through to PyYAML's
+    # pure-Python parse, which is quadratic in depth: 2.4 s of CPU at 5000 '[', twice with lint
+    path = workdir / "flow.yaml"
+    path.write_text("[" * depth)
+    start = time.process_time()
+    loaded = read_recipe(path, pm())
+    assert time.process_time() - start < 0.5
+    assert [(f.code, f.message) for f in loaded.findings] == [("SPD004", "the document is nested deeper than 40 levels")]
+    assert loaded.findings[0].location.line == 1
+
+
 @settings(FUZZ, max_examples=100)
 @given(expr=st.text(max_size=40))
 def test_fuzz_set_overrides_raise_only_usage_errors(expr):

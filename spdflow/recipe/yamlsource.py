@@ -214,7 +214,13 @@ def _check_depth(text: str, source: str) -> None:
                                               f"the document is nested deeper than {MAX_DEPTH} levels"))
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):
+            # libyaml stops at its own limit (1000 levels) before emitting a single event; the
+            # pure-Python parse of the same text is quadratic in depth (seconds at 5000 '[')
+            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+            where = Location(source, mark.line + 1, mark.column + 1) if mark else Location(source)
+            raise YamlProblem(Finding(where, "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels"))
         return  # syntax errors are reported by the main parse, with its messages
     finally:
         loader.dispose()
