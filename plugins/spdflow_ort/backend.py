@@ -392,6 +392,18 @@ def resolve_spinning(setting: str, qpc_dir: Path, machine: tuple[float, int] | N
     return False, f"auto: {mib:,.0f} MiB of weights on a busy machine (load {load:.1f} on {cores} cores)"
 
 
+def spinning_line(spinning: bool, why: str) -> str:
+    """The compile stage's line on thread spinning. Off cannot be had once an earlier session of
+    this process made ORT's process-wide pool (ORT then allows no other, and its threads spin):
+    the line says so rather than "off" (a bench's later batch sizes, each a new program, met this)."""
+    from spdflow_ort.session import ENVIRONMENT
+
+    if not spinning and ENVIRONMENT.pool_threads is not None:
+        return (f"thread spinning on ({why} gave off, but an earlier session of this process made ORT's "
+                "process-wide pool, whose threads spin, and ORT allows no other)")
+    return f"thread spinning {'on' if spinning else 'off'} ({why})"
+
+
 def ort_config(request: CompileRequest) -> OrtConfig:
     """The request's validated ``devices.with:`` block (defaults when none was given)."""
     return request.backend_config if request.backend_config is not None else OrtConfig()
@@ -472,7 +484,7 @@ class OrtBackend(Backend):
         mode, why = resolve_session_mode(config.session_mode, qpc_dir, request.specializations)
         request.progress(f"session mode {mode} ({why})")
         spinning, spin_why = resolve_spinning(config.spinning, qpc_dir)
-        request.progress(f"thread spinning {'on' if spinning else 'off'} ({spin_why})")
+        request.progress(spinning_line(spinning, spin_why))
         graph = decode_graph(request)
         request.progress(f"decode graph: {graph}" + (" (a draft model's program)" if graph != config.graph else ""))
         return OrtProgram(

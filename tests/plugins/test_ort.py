@@ -358,6 +358,22 @@ def test_spinning_auto_follows_the_weights_size_and_the_load(tmp_path):
     assert resolve_spinning("off", tmp_path) == (False, "set in devices.with")
 
 
+@pytest.mark.parametrize("pool", [None, 2])
+def test_compile_says_spinning_stays_on_once_the_process_pool_exists(models, monkeypatch, pool):
+    from dataclasses import replace
+
+    from spdflow_ort import session as ort_session
+
+    monkeypatch.setattr(ort_session.ENVIRONMENT, "pool_threads", pool)  # as a fresh process, or after an earlier session
+    built, said = models(), []
+    OrtBackend().compile(replace(built.request(specs_for()), backend_config=OrtConfig(spinning="off"), progress=said.append))
+    line = next(line for line in said if line.startswith("thread spinning"))
+    if pool is None:
+        assert line == "thread spinning off (set in devices.with)"
+    else:
+        assert line.startswith("thread spinning on (set in devices.with gave off, but an earlier session of this process")
+
+
 @pytest.mark.parametrize("spinning", ["on", "off"])
 def test_spinning_choice_reaches_the_session_and_keeps_tokens(models, spinning):
     from spdflow_ort import session as ort_session
