@@ -396,11 +396,10 @@ def spinning_line(spinning: bool, why: str) -> str:
     """The compile stage's line on thread spinning. Off cannot be had once an earlier session of
     this process made ORT's process-wide pool (ORT then allows no other, and its threads spin):
     the line says so rather than "off" (a bench's later batch sizes, each a new program, met this)."""
-    from spdflow_ort.session import ENVIRONMENT
+    from spdflow_ort.session import ENVIRONMENT, POOL_ALREADY_SPINS
 
     if not spinning and ENVIRONMENT.pool_threads is not None:
-        return (f"thread spinning on ({why} gave off, but an earlier session of this process made ORT's "
-                "process-wide pool, whose threads spin, and ORT allows no other)")
+        return f"thread spinning on ({why} gave off, but {POOL_ALREADY_SPINS})"
     return f"thread spinning {'on' if spinning else 'off'} ({why})"
 
 

@@ -89,6 +89,10 @@ class OrtEnvironment:
 #: the one per process: ORT's thread pool is process-wide
 ENVIRONMENT = OrtEnvironment()
 
+#: why a session asking for a sleeping pool spins all the same (compile line, run report)
+POOL_ALREADY_SPINS = ("an earlier session of this process made ORT's process-wide pool, whose threads spin, "
+                      "and ORT then allows no other")
+
 
 def shared_pool(threads: int | None) -> bool:
     """:meth:`OrtEnvironment.shared_pool` of this process's :data:`ENVIRONMENT`."""
@@ -446,8 +450,7 @@ class OrtSession:
             facts["graph_note"] = (f"decode steps ran the fused graph, prefill the reference graph; KV cache of "
                                    f"{self.kv_slots} slots")
         if self.shared_threads and not self.spinning_requested:
-            facts["spinning_note"] = ("spinning off was asked for, but an earlier session of this process made "
-                                      "ORT's process-wide pool, whose threads spin, and ORT then allows no other")
+            facts["spinning_note"] = f"spinning off was asked for, but {POOL_ALREADY_SPINS}"
         return facts
 
     def close(self) -> None:

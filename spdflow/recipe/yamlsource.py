@@ -122,7 +122,7 @@ class _Builder:
         self.constructor = _CoreLoader("")  # only for its scalar construction
 
     def loc(self, node: yaml.Node) -> Location:
-        return Location(self.source, node.start_mark.line + 1, node.start_mark.column + 1)
+        return _at(self.source, node.start_mark)
 
     def fail(self, node: yaml.Node, code: str, message: str, hint: str | None = None):
         raise YamlProblem(Finding(self.loc(node), code, message, hint))
@@ -133,7 +133,7 @@ class _Builder:
             self.fail(node, "SPD004", f"the document expands to more than {MAX_NODES} values",
                       "recipes are small; remove the aliases that multiply the document")
         if depth > MAX_DEPTH:
-            self.fail(node, "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels")
+            self.fail(node, "SPD004", TOO_DEEP)
         self.positions.setdefault(path, self.loc(node))
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path, depth)
@@ -198,6 +198,14 @@ class YamlDocument:
         return self.positions.get((), Location(self.source))
 
 
+TOO_DEEP = f"the document is nested deeper than {MAX_DEPTH} levels"
+
+
+def _at(source: str, mark) -> Location:
+    """The location of a PyYAML mark (the file alone without one)."""
+    return Location(source, mark.line + 1, mark.column + 1) if mark else Location(source)
+
+
 def _check_depth(text: str, source: str) -> None:
     """Refuse deep nesting from the event stream, before PyYAML's recursive composer sees it
     (thousands of '[' would otherwise take seconds to end in a RecursionError)."""
@@ -209,9 +217,7 @@ def _check_depth(text: str, source: str) -> None:
             if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
                 depth += 1
                 if depth > MAX_DEPTH:
-                    mark = event.start_mark
-                    raise YamlProblem(Finding(Location(source, mark.line + 1, mark.column + 1), "SPD004",
-                                              f"the document is nested deeper than {MAX_DEPTH} levels"))
+                    raise YamlProblem(Finding(_at(source, event.start_mark), "SPD004", TOO_DEEP))
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 depth -= 1
     except yaml.YAMLError as exc:
@@ -219,8 +225,7 @@ def _check_depth(text: str, source: str) -> None:
             # libyaml stops at its own limit (1000 levels) before emitting a single event; the
             # pure-Python parse of the same text is quadratic in depth (seconds at 5000 '[')
             mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            where = Location(source, mark.line + 1, mark.column + 1) if mark else Location(source)
-            raise YamlProblem(Finding(where, "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels"))
+            raise YamlProblem(Finding(_at(source, mark), "SPD004", TOO_DEEP))
         return  # syntax errors are reported by the main parse, with its messages
     finally:
         loader.dispose()
@@ -265,18 +270,18 @@ def parse_yaml(text: str, source: str) -> YamlDocument:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        location = Location(source, mark.line + 1, mark.column + 1) if mark else Location(source)
+        location = _at(source, mark)
         problem = (exc.problem or exc.context or "invalid YAML").strip()
         message, hint = plain_yaml_problem(problem, text, mark)
         raise YamlProblem(Finding(location, "SPD001", message, hint))
     except yaml.YAMLError as exc:
         raise YamlProblem(Finding(Location(source), "SPD001", f"invalid YAML: {exc}"))
     except RecursionError:
-        raise YamlProblem(Finding(Location(source), "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels"))
+        raise YamlProblem(Finding(Location(source), "SPD004", TOO_DEEP))
     if node is None:
         return YamlDocument(None, {(): Location(source)}, {}, source)
     try:
         data = builder.build(node, (), 0)
     except RecursionError:
-        raise YamlProblem(Finding(Location(source), "SPD004", f"the document is nested deeper than {MAX_DEPTH} levels"))
+        raise YamlProblem(Finding(Location(source), "SPD004", TOO_DEEP))
     return YamlDocument(data, builder.positions, builder.key_positions, source)
