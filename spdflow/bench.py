@@ -37,10 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import subprocess
-import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar

@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover
         CompileRequest,
         ExportRequest,
         ExportResult,
-        KPolicy,
         Proposal,
         ProposeInput,
         Proposer,

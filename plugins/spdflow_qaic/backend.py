@@ -350,7 +350,6 @@ def compile_script(request: CompileRequest, qpc_dir: Path) -> str:
     The ONNX is named relative to the qpc dir, so copying the export folder (ONNX plus
     qpc-<hash>/) to a QAIC host and running ``sh qpc-<hash>/compile.sh`` reproduces the compile.
     """
-    device_ids = request.devices.device_ids
     onnx_rel = os.path.relpath(Path(request.onnx_path).resolve(), Path(qpc_dir).resolve())
     flags = [shlex.quote(flag) for flag in option_flags(request)]
     flags[2:2] = ['"-m=$ONNX"', *(f'"{flag}"' for flag in mdp_flags(request, "$HERE"))]

@@ -246,7 +246,7 @@ def _step_costs(m: Metrics, report: RunReport) -> Section:
     baseline = report.baseline.step_costs if report.baseline is not None else []
     k0 = {c.batch: c.verify_median_s for c in m.step_costs if c.k == 0}
     k0.update({c.batch: c.verify_median_s for c in baseline if c.k == 0})  # the baseline ran K=0 far more often
-    rows = [[f"0 (no-spec baseline)", str(c.batch), str(c.steps), fmt_s(c.verify_median_s), fmt_s(c.verify_p90_s), "1.00×"]
+    rows = [["0 (no-spec baseline)", str(c.batch), str(c.steps), fmt_s(c.verify_median_s), fmt_s(c.verify_p90_s), "1.00×"]
             for c in baseline if c.k == 0]
     rows += [[str(c.k), str(c.batch), str(c.steps), fmt_s(c.verify_median_s), fmt_s(c.verify_p90_s),
               fmt_x(c.verify_median_s / k0[c.batch]) if k0.get(c.batch) else "—"] for c in m.step_costs]
@@ -539,7 +539,7 @@ def _html_plots(plots: list, heading: bool = True) -> str:
         f'<figure><img alt="{_e(p.title)}" src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}"></figure>'
         for p in plots
     )
-    return (f'<h2>Plots</h2>' if heading else "") + f'<div class="plots">{figures}</div>'
+    return ('<h2>Plots</h2>' if heading else "") + f'<div class="plots">{figures}</div>'
 
 
 def _html_glossary() -> str:
