@@ -65,8 +65,7 @@ class StepCostModel:
     the slow steps after a change of shape and priced K = 0 too dear ("Issue 23, round 11"). A
     step at the same K as the last one moves that K's verify time towards what it took (moving
     average, step ``cost_ema``); the first step after a change instead teaches the switch
-    penalty: its excess over the steady time (step ``penalty_ema``, the average's start at 0
-    divided out, so one change counts in full). Host time per K is a moving
+    penalty: its excess over the steady time (step ``penalty_ema``). Host time per K is a moving
     average too; shapes not run yet start from the first host time seen.
 
     With ``follow`` > 0 a K that does not run follows the one that does: a steady step that moves
@@ -103,7 +102,6 @@ class StepCostModel:
         self.unlearned = set(self.ks) if calibrate and measured else set()
         self.host_s: dict[int, float | None] = {k: None for k in ks}
         self.penalty_s = 0.0  # extra verify time of the first step after a change of K
-        self._penalty_raw, self._switches = 0.0, 0  # its moving average from 0, and the changes seen
         self.propose_s: float | None = None  # seconds per proposer call, once one was seen
         self.last_k: int | None = None  # K of the last step (the rule may set it before observe runs)
         self._observed_k: int | None = None  # K of the last step observed
@@ -161,13 +159,8 @@ class StepCostModel:
                 if (verify[other] > mine) if other < k else (other > k and verify[other] < mine):
                     verify[other] = mine
         elif self._observed_k is not None:
-            # A moving average that starts at 0 holds only 1 - (1 - penalty_ema)^n of what n
-            # changes showed; divided by that, the first change counts in full. A run that
-            # changes K a few times (peeks while skipping the proposer) otherwise priced a
-            # change at a tenth of what it took (Issue 23, round 21).
-            self._switches += 1
-            self._penalty_raw += self.penalty_ema * (verify_s - self.verify_s[k] - self._penalty_raw)
-            self.penalty_s = self._penalty_raw / (1.0 - (1.0 - self.penalty_ema) ** self._switches)
+            excess = verify_s - self.verify_s[k]
+            self.penalty_s += self.penalty_ema * (excess - self.penalty_s)
         host = self.host_s
         if host[k] is None:
             for key in host:
@@ -486,11 +479,10 @@ class Goodput(KPolicy):
       the pooled rate instead of the request's own, or a request's own rate per grade, did worse.]
     * Switches: leaving the cheapest K for a step with proposals pays the switch penalty to
       leave and again to come back, shared over the steps a run of proposals is expected to
-      last (``1 / (1 - run_on)``), or by the one step of a peek while the proposer is skipped;
-      a change between two speculating shapes pays it once; a step without proposals stays at
-      its K or takes the smallest (:meth:`StepCostModel.detour_cost`), and takes the smallest
-      while the proposer is skipped. [Switching shapes costs a step's worth of time; "Issue 23,
-      round 2"; peeks: "Issue 23, round 21".]
+      last (``1 / (1 - run_on)``); a change between two speculating shapes pays it once; a step
+      without proposals stays at its K or takes the smallest (:meth:`StepCostModel.detour_cost`),
+      and takes the smallest while the proposer is skipped. [Switching shapes costs a step's
+      worth of time; "Issue 23, round 2".]
     * Stepping up: a K larger than the last step's must beat every K up to the last by
       ``margin`` (stepping down or staying needs none): the estimates are noisy and a larger
       shape surely costs more. [From K = 0 only: "Issue 23, round 2"; every step up:
@@ -602,9 +594,7 @@ class Goodput(KPolicy):
         if last == low:
             # Leaving the cheapest K costs the switch penalty now and again when proposals run
             # out; each step of the run they are expected to last carries its share of both.
-            # A peek's proposals run out at the next step, which skips the proposer: it carries both.
-            run_on = 0.0 if self.skipping and not budget else self.run_on()
-            add, keep = 2.0 * (1.0 - run_on) * model.penalty_s, low
+            add, keep = 2.0 * (1.0 - self.run_on()) * model.penalty_s, low
         elif last in ks and share >= 1.0:
             # From one speculating shape to another: the penalty once (choose_k, and a budget
             # priced for rows that always propose).
