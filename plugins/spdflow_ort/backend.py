@@ -398,7 +398,7 @@ def spinning_line(spinning: bool, why: str) -> str:
     the line says so rather than "off" (a bench's later batch sizes, each a new program, met this)."""
     from spdflow_ort.session import ENVIRONMENT, POOL_ALREADY_SPINS
 
-    if not spinning and ENVIRONMENT.pool_threads is not None:
+    if not spinning and ENVIRONMENT.pool_made:
         return f"thread spinning on ({why} gave off, but {POOL_ALREADY_SPINS})"
     return f"thread spinning {'on' if spinning else 'off'} ({why})"
 

@@ -64,20 +64,25 @@ class OrtEnvironment:
         #: threads of the shared pool once made (0: ORT's default, every core); None: not made
         self.pool_threads: int | None = None
 
+    @property
+    def pool_made(self) -> bool:
+        """The shared pool exists: every later session of this process runs on it (and spins)."""
+        return self.pool_threads is not None
+
     def shared_pool(self, threads: int | None) -> bool:
         """Make (once) and use the shared pool; False where ORT has none (per-session pools)."""
         import onnxruntime as ort
 
         if not hasattr(ort, "set_global_thread_pool_sizes"):
             return False
-        if self.pool_threads is None:
+        if not self.pool_made:
             ort.set_global_thread_pool_sizes(int(threads or 0), 1)
             self.pool_threads = int(threads or 0)
         return True
 
     def describe(self, requested: int | None, shared: bool) -> dict:
         """The thread pool a session asking for ``requested`` threads really runs on."""
-        pool = self.pool_threads if shared and self.pool_threads is not None else int(requested or 0)
+        pool = self.pool_threads if shared and self.pool_made else int(requested or 0)
         facts = {"thread_pool": "shared" if shared else "per_session", "threads_requested": requested,
                  "threads_effective": pool or os.cpu_count()}
         if shared and requested and pool and requested != pool:
@@ -107,7 +112,7 @@ def session_options(threads: int | None, *, shared: bool = True):
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Once the process-wide pool exists ORT refuses per-session pools: such a session shares it.
-    if (shared and shared_pool(threads)) or ENVIRONMENT.pool_threads is not None:
+    if (shared and shared_pool(threads)) or ENVIRONMENT.pool_made:
         options.use_per_session_threads = False
         return options
     # Several sessions (specializations, draft + target) alternate; spinning pools fight over
