@@ -18,6 +18,8 @@ tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) ge
     python benchmarks/k_policy_tables.py --repeats 5 --processes 2 --first-process 4 --out DIR
                                                                           # 2 more, pooled with DIR's p1-p3
     python benchmarks/k_policy_tables.py --render-only --out DIR          # tables again from DIR's JSON
+    python benchmarks/k_policy_tables.py --workloads synthetic_0.3 --out NEW --from OLD
+                                                                          # one workload again, the rest read from OLD
 
 Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
 ratios inside one table are measured side by side; tables of different workloads ran at
@@ -510,29 +512,31 @@ def process_files(out: Path, name: str) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def render(out: Path, names: list[str], policies: list[str], records: dict[tuple[str, int | None], dict]) -> str:
+def has_results(folder: Path, name: str) -> bool:
+    """Whether ``folder`` holds a workload's results: ``<name>.json`` or any ``<name>.p<p>.json``."""
+    return (folder / f"{name}.json").exists() or bool(process_files(folder, name))
+
+
+def render(out: Path, names: list[str], policies: list[str], records: dict[tuple[str, int | None], dict],
+           earlier: Sequence[tuple[Path, dict]] = ()) -> str:
     """The markdown of every table, tuned-on workloads first, then the held-out ones. A workload's
     rows are ``<name>.json``'s, or when it is absent its processes' pooled (:func:`pool_rows`);
-    ``records`` are ``runs.json``'s by (workload, process) (:func:`load_records`)."""
+    ``records`` are ``runs.json``'s by (workload, process) (:func:`load_records`). A workload
+    without results in ``out`` is read from the first of the ``earlier`` (folder, its records) that
+    has them (``--from``), and its section says which folder."""
     sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
     verdicts: dict[str, dict] = {}
     pooled: dict[str, int] = {}  # workload: its processes
     for name in names:
         workload = WORKLOADS[name]
-        path = out / f"{name}.json"
-        parts = [] if path.exists() else process_files(out, name)
-        if parts:
-            processes = [(p, json.loads(part.read_text())) for p, part in parts]
-            runs = [r for (w, p), r in sorted(records.items(), key=lambda kv: kv[0][1] or 0) if w == name and p]
-            lines, verdicts[name] = workload_section(workload, pool_rows([rows for _, rows in processes]), policies,
-                                                     None, processes, runs)
-            pooled[name] = len(parts)
-        elif not path.exists():
-            sections[workload.section] += [f"#### {name}: no results ({shown(path)} missing)", ""]
+        here = has_results(out, name)
+        folder, mine = next(((f, r) for f, r in earlier if not here and has_results(f, name)), (out, records))
+        lines = _section(workload, folder, name, policies, mine, verdicts, pooled)
+        if lines is None:
+            sections[workload.section] += [f"#### {name}: no results ({shown(out / f'{name}.json')} missing)", ""]
             continue
-        else:
-            lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies,
-                                                     records.get((name, None)))
+        if folder != out:
+            lines[2:2] = [f"(read from `{shown(folder)}/`, an earlier run's folder)", ""]
         sections[workload.section] += lines
     text = [f"Policies: {', '.join(policies)}. A cell reaches the line when the policy's median tok/s ≥ {LINE} × "
             "max(no-spec, best fixed K) of the same bench and batch size; paired: when the median over repeats of "
@@ -546,6 +550,25 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
         if sections[section]:
             text += [f"### {title}", "", *sections[section]]
     return "\n".join(text).rstrip() + "\n"
+
+
+def _section(workload: Workload, folder: Path, name: str, policies: list[str], records: dict,
+             verdicts: dict, pooled: dict) -> list[str] | None:
+    """A workload's section from ``folder`` (None: no results there); its verdicts go into
+    ``verdicts`` and, when pooled, its number of processes into ``pooled``."""
+    path = folder / f"{name}.json"
+    parts = [] if path.exists() else process_files(folder, name)
+    if parts:
+        processes = [(p, json.loads(part.read_text())) for p, part in parts]
+        runs = [r for (w, p), r in sorted(records.items(), key=lambda kv: kv[0][1] or 0) if w == name and p]
+        lines, verdicts[name] = workload_section(workload, pool_rows([rows for _, rows in processes]), policies,
+                                                 None, processes, runs)
+        pooled[name] = len(parts)
+        return lines
+    if not path.exists():
+        return None
+    lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies, records.get((name, None)))
+    return lines
 
 
 def pooled_note(pooled: dict[str, int], names: list[str]) -> list[str]:
@@ -600,6 +623,10 @@ def parse_args(argv=None):
                         help="a recipe override for every bench, after the workload's own (repeatable; e.g. "
                              "devices.with.session_mode=dynamic)")
     parser.add_argument("--render-only", action="store_true", help="no bench: the tables from --out's JSON")
+    parser.add_argument("--from", dest="earlier", action="append", default=[], type=Path, metavar="DIR",
+                        help="an earlier run's folder: a workload with no results in --out is read from the first "
+                             "--from folder that has them (repeatable), so a round that re-runs some workloads need "
+                             "not copy the others' files")
     parser.add_argument("--update-readme", type=Path, metavar="README",
                         help="also replace the tables between the k_policy_tables markers of this file")
     return parser.parse_args(argv)
@@ -628,6 +655,11 @@ def main(argv=None) -> int:
         if value < 1:
             print(f"{flag} must be at least 1", file=sys.stderr)
             return 2
+    for folder in args.earlier:
+        if not folder.is_dir():
+            print(f"--from {folder}: no such directory; give the folder of an earlier k_policy_tables run",
+                  file=sys.stderr)
+            return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.json"
@@ -651,7 +683,8 @@ def main(argv=None) -> int:
             if records[key]["exit_code"] != 0:
                 failed.append(stem)
                 print(f"   {stem} failed: see {out / (stem + '.log')}", file=sys.stderr)
-    tables = render(out, names, policies, records)
+    tables = render(out, names, policies, records,
+                    [(folder, load_records(folder / "runs.json")) for folder in args.earlier])
     (out / "tables.md").write_text(tables)
     print(tables)
     if args.update_readme is not None:

@@ -263,6 +263,43 @@ def test_render_pools_the_process_files_and_says_so(tables, tmp_path):
     assert "bench processes" not in text and "paired per process" not in text
 
 
+def _sections(text: str) -> dict[str, str]:
+    """Each workload's section of rendered tables, by name."""
+    parts = text.split("#### ")[1:]
+    return {part.split(":", 1)[0]: part for part in parts}
+
+
+def test_a_workload_not_run_again_is_read_from_the_earlier_folder_it_was_made_in(tables, tmp_path):
+    new, old, older = tmp_path / "new", tmp_path / "old", tmp_path / "older"
+    for folder in (new, old, older):
+        folder.mkdir()
+    (new / "code.p1.json").write_text(json.dumps(_process(0)))
+    (old / "code.p1.json").write_text(json.dumps(_process(1)))  # superseded by new's
+    (old / "rare.p1.json").write_text(json.dumps(_process(1)))
+    (older / "rare.json").write_text(json.dumps(_process(0)))  # old comes first
+    (older / "thirdparty.json").write_text(json.dumps(_process(0)))
+    old_records = {("rare", 1): {"workload": "rare", "process": 1, "command": "bench --json old/rare.p1.json",
+                                 "uptime_before": "load average: 1.00, 1.00, 1.00", "seconds": 5.0,
+                                 "uptime_after": "load average: 2.00, 2.00, 2.00", "exit_code": 0}}
+    text = tables.render(new, ["code", "rare", "thirdparty", "stdlib_tests"], ["goodput"], {},
+                         [(old, old_records), (older, {})])
+    sections = _sections(text)
+    assert "read from" not in sections["code"] and "0.960" in sections["code"]  # new's process 0 only
+    assert f"(read from `{old.name}/`, an earlier run's folder)" in sections["rare"]
+    assert "`bench --json old/rare.p1.json` × 1 process" in sections["rare"]
+    assert f"(read from `{older.name}/`, an earlier run's folder)" in sections["thirdparty"]
+    assert sections["stdlib_tests"].startswith("stdlib_tests: no results")
+    alone = tables.render(new, ["code", "rare"], ["goodput"], {})
+    assert alone == tables.render(new, ["code", "rare"], ["goodput"], {}, ()) and "rare: no results" in alone
+
+
+def test_a_from_folder_that_does_not_exist_exits_2_before_any_bench(tables, capsys, tmp_path):
+    assert tables.main(["--from", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--from {tmp_path / 'missing'}: no such directory" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_processes_that_decoded_different_prompts_are_flagged(tables, tmp_path):
     (tmp_path / "code.p1.json").write_text(json.dumps(_process(0, digest="ab" * 32)))
     (tmp_path / "code.p2.json").write_text(json.dumps(_process(1, digest="cd" * 32)))
