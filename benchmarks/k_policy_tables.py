@@ -18,8 +18,8 @@ tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) ge
     python benchmarks/k_policy_tables.py --repeats 5 --processes 2 --first-process 4 --out DIR
                                                                           # 2 more, pooled with DIR's p1-p3
     python benchmarks/k_policy_tables.py --render-only --out DIR          # tables again from DIR's JSON
-    python benchmarks/k_policy_tables.py --workloads synthetic_0.3 --out NEW --from OLD
-                                                                          # one workload again, the rest read from OLD
+    python benchmarks/k_policy_tables.py --workloads synthetic_0.3 --out NEW  # one workload again, then
+    python benchmarks/k_policy_tables.py --render-only --out NEW --from OLD   # every table: NEW's, the rest OLD's
 
 Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
 ratios inside one table are measured side by side; tables of different workloads ran at
