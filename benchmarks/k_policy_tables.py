@@ -529,12 +529,16 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
     pooled: dict[str, int] = {}  # workload: its processes
     for name in names:
         workload = WORKLOADS[name]
-        here = has_results(out, name)
-        folder, mine = next(((f, r) for f, r in earlier if not here and has_results(f, name)), (out, records))
-        lines = _section(workload, folder, name, policies, mine, verdicts, pooled)
-        if lines is None:
+        folder, mine = out, records
+        if not has_results(out, name):
+            folder, mine = next(((f, r) for f, r in earlier if has_results(f, name)), (out, records))
+        made = _section(workload, folder, policies, mine)
+        if made is None:
             sections[workload.section] += [f"#### {name}: no results ({shown(out / f'{name}.json')} missing)", ""]
             continue
+        lines, verdicts[name], processes = made
+        if processes:
+            pooled[name] = processes
         if folder != out:
             lines[2:2] = [f"(read from `{shown(folder)}/`, an earlier run's folder)", ""]
         sections[workload.section] += lines
@@ -552,23 +556,23 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
     return "\n".join(text).rstrip() + "\n"
 
 
-def _section(workload: Workload, folder: Path, name: str, policies: list[str], records: dict,
-             verdicts: dict, pooled: dict) -> list[str] | None:
-    """A workload's section from ``folder`` (None: no results there); its verdicts go into
-    ``verdicts`` and, when pooled, its number of processes into ``pooled``."""
-    path = folder / f"{name}.json"
-    parts = [] if path.exists() else process_files(folder, name)
+def _section(workload: Workload, folder: Path, policies: list[str],
+             records: dict) -> tuple[list[str], dict, int] | None:
+    """A workload's section from ``folder`` (None: no results there): its lines, its verdicts and
+    the number of processes it pooled (0: one bench's ``<name>.json``)."""
+    path = folder / f"{workload.name}.json"
+    parts = [] if path.exists() else process_files(folder, workload.name)
     if parts:
         processes = [(p, json.loads(part.read_text())) for p, part in parts]
-        runs = [r for (w, p), r in sorted(records.items(), key=lambda kv: kv[0][1] or 0) if w == name and p]
-        lines, verdicts[name] = workload_section(workload, pool_rows([rows for _, rows in processes]), policies,
-                                                 None, processes, runs)
-        pooled[name] = len(parts)
-        return lines
+        runs = [r for (w, p), r in sorted(records.items(), key=lambda kv: kv[0][1] or 0) if w == workload.name and p]
+        lines, verdicts = workload_section(workload, pool_rows([rows for _, rows in processes]), policies,
+                                           None, processes, runs)
+        return lines, verdicts, len(parts)
     if not path.exists():
         return None
-    lines, verdicts[name] = workload_section(workload, json.loads(path.read_text()), policies, records.get((name, None)))
-    return lines
+    lines, verdicts = workload_section(workload, json.loads(path.read_text()), policies,
+                                       records.get((workload.name, None)))
+    return lines, verdicts, 0
 
 
 def pooled_note(pooled: dict[str, int], names: list[str]) -> list[str]:
