@@ -16,7 +16,10 @@ import statistics
 import sys
 from pathlib import Path
 
-LINE = 0.97
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from k_policy_tables import LINE, paired_ratios, reference_row  # noqa: E402
+
 WORKLOADS = ("syn09", "syn06", "syn03", "code")
 
 
@@ -32,19 +35,18 @@ def main(folder: str, prefix: str, variant: str) -> None:
             hist: dict[str, list] = {}
             ab, bests = [], []
             for rows in procs:
-                by = {r["mode"].replace("varK:", ""): r for r in rows if r["batch_size"] == b}
+                batch = [r for r in rows if r["batch_size"] == b]
+                by = {r["mode"].replace("varK:", ""): r for r in batch}
                 if B not in by:
                     continue
-                statics = [m for m in by if m == "nospec" or m.startswith("fixed")]
-                best = max(statics, key=lambda m: by[m]["tokens_per_s"])
-                bests.append(best)
-                n = len(by[best]["tokens_per_s_by_repeat"])
+                best = reference_row(batch)
+                bests.append(best["mode"])
                 for pol in paired:
-                    rs = [by[pol]["tokens_per_s_by_repeat"][i] / by[best]["tokens_per_s_by_repeat"][i] for i in range(n)]
+                    rs = paired_ratios(by[pol], best)
                     paired[pol] += rs
                     per[pol].append(statistics.median(rs))
                     hist.setdefault(pol, []).append({k: int(v) for k, v in by[pol]["k_histogram"].items()})
-                ab += [by[B]["tokens_per_s_by_repeat"][i] / by[A]["tokens_per_s_by_repeat"][i] for i in range(n)]
+                ab += paired_ratios(by[B], by[A])
             if not ab:
                 continue
             med = {p: statistics.median(v) for p, v in paired.items()}
