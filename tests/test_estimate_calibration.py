@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from conftest import REPO, load_benchmark, record_code_run
+from spdflow.api import CostModel
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,28 @@ def test_quarters_follow_each_requests_own_order(calibration):
                                             None: (1, 7.0, 1.0)}
 
 
-def test_a_recorded_run_is_tallied_under_the_replays_goodput(calibration, tmp_path):
+class SteadyCosts(CostModel):
+    """Verify priced at 1 ms + 0.05 ms per proposal position, no switch cost: speculation pays."""
+
+    name = "steady-test"
+
+    def verify_s(self, batch, k):
+        return 1e-3 * (1.0 + 0.05 * k)
+
+
+def test_a_recorded_run_is_tallied_under_the_replays_goodput(calibration, tmp_path, monkeypatch):
+    # The replay prices steps with the recorded run's own timings by default. Recorded on a loaded
+    # 2-core machine, those once rated K = 2 at 4x K = 0: the replayed goodput then never
+    # speculated and nothing was tallied. Fixed prices keep this test about the tally.
+    real = calibration.k_policy_replay.load_for_replay
+
+    def steady_prices(pm, run_dir, steady, noise):
+        run, measured = real(pm, run_dir, steady, noise)
+        cost = SteadyCosts()
+        cost.propose_per_call_s = measured.propose_per_call_s
+        return run, cost
+
+    monkeypatch.setattr(calibration.k_policy_replay, "load_for_replay", steady_prices)
     record_code_run(tmp_path / "runs")
     results = calibration.calibrate(tmp_path / "runs", [1], {"evidence": 2})
     cells, quarters = results["code"][1]["cells"], results["code"][1]["quarters"]
