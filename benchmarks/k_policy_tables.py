@@ -20,6 +20,8 @@ tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) ge
     python benchmarks/k_policy_tables.py --render-only --out DIR          # tables again from DIR's JSON
     python benchmarks/k_policy_tables.py --workloads synthetic_0.3 --out NEW  # one workload again, then
     python benchmarks/k_policy_tables.py --render-only --out NEW --from OLD   # every table: NEW's, the rest OLD's
+    python benchmarks/k_policy_tables.py --first-process 4 --processes 3 --out NEW  # p4-p6 in a new folder, then
+    python benchmarks/k_policy_tables.py --render-only --out NEW --pool OLD   # each pooled with OLD's p1-p3
 
 Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
 ratios inside one table are measured side by side; tables of different workloads ran at
@@ -518,12 +520,14 @@ def has_results(folder: Path, name: str) -> bool:
 
 
 def render(out: Path, names: list[str], policies: list[str], records: dict[tuple[str, int | None], dict],
-           earlier: Sequence[tuple[Path, dict]] = ()) -> str:
+           earlier: Sequence[tuple[Path, dict]] = (), pools: Sequence[tuple[Path, dict]] = ()) -> str:
     """The markdown of every table, tuned-on workloads first, then the held-out ones. A workload's
     rows are ``<name>.json``'s, or when it is absent its processes' pooled (:func:`pool_rows`);
     ``records`` are ``runs.json``'s by (workload, process) (:func:`load_records`). A workload
     without results in ``out`` is read from the first of the ``earlier`` (folder, its records) that
-    has them (``--from``), and its section says which folder."""
+    has them (``--from``), and its section says which folder. A workload's processes there are
+    pooled with its processes in the first of ``pools`` (folder, its records; ``--pool``) that has
+    any, and its section says which processes came from where."""
     sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
     verdicts: dict[str, dict] = {}
     pooled: dict[str, int] = {}  # workload: its processes
@@ -532,15 +536,23 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
         folder, mine = out, records
         if not has_results(out, name):
             folder, mine = next(((f, r) for f, r in earlier if has_results(f, name)), (out, records))
-        made = _section(workload, folder, policies, mine)
+        extra = next(([(f, r)] for f, r in pools if process_files(f, name)), [])
+        extra = [(f, r) for f, r in extra if f.resolve() != folder.resolve()]
+        made = _section(workload, folder, policies, mine, extra)
         if made is None:
             sections[workload.section] += [f"#### {name}: no results ({shown(out / f'{name}.json')} missing)", ""]
             continue
         lines, verdicts[name], processes = made
         if processes:
             pooled[name] = processes
+        notes = []
         if folder != out:
-            lines[2:2] = [f"(read from `{shown(folder)}/`, an earlier run's folder)", ""]
+            notes.append(f"(read from `{shown(folder)}/`, an earlier run's folder)")
+        if extra and not (folder / f"{name}.json").exists():
+            notes.append("(pooled with " + "; ".join(
+                f"{', '.join(f'p{p}' for p, _ in process_files(f, name))} from `{shown(f)}/`" for f, _ in extra) + ")")
+        for note in reversed(notes):
+            lines[2:2] = [note, ""]
         sections[workload.section] += lines
     text = [f"Policies: {', '.join(policies)}. A cell reaches the line when the policy's median tok/s ≥ {LINE} × "
             "max(no-spec, best fixed K) of the same bench and batch size; paired: when the median over repeats of "
@@ -556,12 +568,26 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
     return "\n".join(text).rstrip() + "\n"
 
 
-def _section(workload: Workload, folder: Path, policies: list[str],
-             records: dict) -> tuple[list[str], dict, int] | None:
+def _section(workload: Workload, folder: Path, policies: list[str], records: dict,
+             pools: Sequence[tuple[Path, dict]] = ()) -> tuple[list[str], dict, int] | None:
     """A workload's section from ``folder`` (None: no results there): its lines, its verdicts and
-    the number of processes it pooled (0: one bench's ``<name>.json``)."""
+    the number of processes it pooled (0: one bench's ``<name>.json``). The workload's processes in
+    ``pools`` (folder, its records) join ``folder``'s; two with one number are refused."""
     path = folder / f"{workload.name}.json"
     parts = [] if path.exists() else process_files(folder, workload.name)
+    if parts and pools:
+        where = {p: folder for p, _ in parts}
+        records = dict(records)
+        for other, its in pools:
+            for p, part in process_files(other, workload.name):
+                if p in where:
+                    raise SystemExit(f"{workload.name}: process {p} is in both {shown(where[p])}/ and {shown(other)}/; "
+                                     "number the added processes apart with --first-process")
+                where[p] = other
+                parts.append((p, part))
+                if (workload.name, p) in its:
+                    records[(workload.name, p)] = its[(workload.name, p)]
+        parts.sort()
     if parts:
         processes = [(p, json.loads(part.read_text())) for p, part in parts]
         runs = [r for (w, p), r in sorted(records.items(), key=lambda kv: kv[0][1] or 0) if w == workload.name and p]
@@ -631,6 +657,10 @@ def parse_args(argv=None):
                         help="an earlier run's folder: a workload with no results in --out is read from the first "
                              "--from folder that has them (repeatable), so a round that re-runs some workloads need "
                              "not copy the others' files")
+    parser.add_argument("--pool", dest="pools", action="append", default=[], type=Path, metavar="DIR",
+                        help="an earlier run's folder: each workload's processes in --out (or --from's folder) are "
+                             "pooled with its processes in the first --pool folder that has any, as --first-process "
+                             "pools them in one folder; repeatable; their process numbers must differ")
     parser.add_argument("--update-readme", type=Path, metavar="README",
                         help="also replace the tables between the k_policy_tables markers of this file")
     return parser.parse_args(argv)
@@ -659,11 +689,12 @@ def main(argv=None) -> int:
         if value < 1:
             print(f"{flag} must be at least 1", file=sys.stderr)
             return 2
-    for folder in args.earlier:
-        if not folder.is_dir():
-            print(f"--from {folder}: no such directory; give the folder of an earlier k_policy_tables run",
-                  file=sys.stderr)
-            return 2
+    for flag, folders in (("--from", args.earlier), ("--pool", args.pools)):
+        for folder in folders:
+            if not folder.is_dir():
+                print(f"{flag} {folder}: no such directory; give the folder of an earlier k_policy_tables run",
+                      file=sys.stderr)
+                return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.json"
@@ -688,7 +719,8 @@ def main(argv=None) -> int:
                 failed.append(stem)
                 print(f"   {stem} failed: see {out / (stem + '.log')}", file=sys.stderr)
     tables = render(out, names, policies, records,
-                    [(folder, load_records(folder / "runs.json")) for folder in args.earlier])
+                    [(folder, load_records(folder / "runs.json")) for folder in args.earlier],
+                    [(folder, load_records(folder / "runs.json")) for folder in args.pools])
     (out / "tables.md").write_text(tables)
     print(tables)
     if args.update_readme is not None:

@@ -410,3 +410,33 @@ def test_one_process_keeps_the_file_names_and_records_of_before(tables, fake_ben
     assert runs[0]["command"].endswith("code.json --markdown --set workload.count=24")
     text = (tmp_path / "tables.md").read_text()
     assert "bench processes" not in text and "paired per process" not in text and "round-robin" not in text
+
+
+def test_processes_in_a_pool_folder_join_a_workload_s_own(tables, tmp_path, capsys):
+    new, old = tmp_path / "new", tmp_path / "old"
+    for folder in (new, old):
+        folder.mkdir()
+    (new / "code.p3.json").write_text(json.dumps(_process(1)))
+    (old / "code.p1.json").write_text(json.dumps(_process(0)))
+    (old / "rare.p1.json").write_text(json.dumps(_process(0)))  # not in new: only read with --from
+    old_records = {("code", 1): {"workload": "code", "process": 1, "command": "bench --json old/code.p1.json",
+                                 "uptime_before": "load average: 1.00, 1.00, 1.00", "seconds": 5.0,
+                                 "uptime_after": "load average: 2.00, 2.00, 2.00", "exit_code": 0}}
+    text = tables.render(new, ["code", "rare"], ["goodput"], {}, (), [(old, old_records)])
+    sections = _sections(text)
+    assert f"(pooled with p1 from `{old.name}/`)" in sections["code"]
+    assert "0.960, 0.990" in sections["code"]  # p1's own paired median, then p3's
+    assert "`bench --json old/code.p1.json` × 1 process" in sections["code"]
+    assert sections["rare"].startswith("rare: no results")
+    text = tables.render(new, ["code", "rare"], ["goodput"], {}, [(old, old_records)], [(old, old_records)])
+    assert "pooled with" not in _sections(text)["rare"] and "read from" in _sections(text)["rare"]
+    later = tmp_path / "later"  # only the first pool folder that has a workload's processes is pooled
+    later.mkdir()
+    (later / "code.p3.json").write_text(json.dumps(_process(0)))
+    assert _sections(tables.render(new, ["code"], ["goodput"], {}, (), [(old, {}), (later, {})])) == \
+        _sections(tables.render(new, ["code"], ["goodput"], {}, (), [(old, {})]))
+    (new / "code.p1.json").write_text(json.dumps(_process(1)))  # the same number in both: refused
+    with pytest.raises(SystemExit, match="process 1 is in both"):
+        tables.render(new, ["code"], ["goodput"], {}, (), [(old, old_records)])
+    assert tables.main(["--pool", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+    assert f"--pool {tmp_path / 'missing'}: no such directory" in capsys.readouterr().err
