@@ -684,3 +684,29 @@ def test_goodput_steps_up_to_a_dearer_k_only_by_the_margin():
     assert policy.best({0: 1.0, 2: 1.10, 4: 1.12, 7: 1.11}) == 4
     policy.costs.last_k = None  # before the first step: from the smallest K
     assert policy.best({0: 1.0, 2: 1.02, 4: 1.025, 7: 1.01}) == 0
+
+
+def test_goodput_prices_the_budget_without_the_rows_last_outcomes():
+    # At batch 4 a row's last outcome scales its acceptance (outcome_batch), and while the proposer is skipped no
+    # outcome is decided: a row that last missed stays priced low for as long as the skipping lasts (round 25:
+    # code at batch 4 skipped on 107-204 of ~300 steps). With budget_no_outcome (the default) the budget prices
+    # each row at its request's own estimate alone; choose_k still reads the outcome.
+    def primed(**config):
+        policy = goodput({0: 1.0, 2: 1.3, 4: 1.6, 7: 2.1}, rows=4, **config)
+        requests = (0, 1, 2, 3)
+        for step in range(40):  # each request: spells of 10 proposals that hold whole, then 10 that miss
+            outcome = (step // 10) % 2 == 0
+            policy.propose_budget(7, StepContext((100,) * 4, 4, 4, requests))
+            policy.choose_k([7] * 4, KS)
+            scored = ((7, 7),) * 4 if outcome else ((1, 0),) * 4
+            policy.observe(StepOutcome(7, (7,) * 4, (7 if outcome else 0,) * 4, 2.1, 0.0, 0.0, scored, requests))
+        policy.count_pending()
+        return policy
+    assert DEFAULTS.budget_no_outcome is True
+    plain, fresh = primed(budget_no_outcome=False), primed()
+    assert plain.acceptance.last == fresh.acceptance.last == {0: 0, 1: 0, 2: 0, 3: 0}  # every row last missed
+    full = [7] * 4
+    after_miss = plain.rates(full, budget=True)
+    alone = fresh.rates(full, budget=True)
+    assert alone[7] > after_miss[7] and alone[0] == pytest.approx(after_miss[0])
+    assert plain.rates(full) == fresh.rates(full)  # choose_k's pricing reads the outcomes either way
