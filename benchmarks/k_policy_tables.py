@@ -21,7 +21,7 @@ tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) ge
     python benchmarks/k_policy_tables.py --workloads synthetic_0.3 --out NEW  # one workload again, then
     python benchmarks/k_policy_tables.py --render-only --out NEW --from OLD   # every table: NEW's, the rest OLD's
     python benchmarks/k_policy_tables.py --first-process 4 --processes 3 --out NEW  # p4-p6 in a new folder, then
-    python benchmarks/k_policy_tables.py --render-only --out NEW --pool OLD   # each pooled with OLD's p1-p3
+    python benchmarks/k_policy_tables.py --render-only --out NEW --pool OLD   # each pooled with OLD's p1-p3 (OLD=W1,W2: only those)
 
 Each bench's own order of modes and repeats is interleaved (spdflow bench rotates it), so the
 ratios inside one table are measured side by side; tables of different workloads ran at
@@ -520,14 +520,15 @@ def has_results(folder: Path, name: str) -> bool:
 
 
 def render(out: Path, names: list[str], policies: list[str], records: dict[tuple[str, int | None], dict],
-           earlier: Sequence[tuple[Path, dict]] = (), pools: Sequence[tuple[Path, dict]] = ()) -> str:
+           earlier: Sequence[tuple[Path, dict]] = (), pools: Sequence[tuple] = ()) -> str:
     """The markdown of every table, tuned-on workloads first, then the held-out ones. A workload's
     rows are ``<name>.json``'s, or when it is absent its processes' pooled (:func:`pool_rows`);
     ``records`` are ``runs.json``'s by (workload, process) (:func:`load_records`). A workload
     without results in ``out`` is read from the first of the ``earlier`` (folder, its records) that
     has them (``--from``), and its section says which folder. A workload's processes there are
-    pooled with its processes in the first of ``pools`` (folder, its records; ``--pool``) that has
-    any, and its section says which processes came from where."""
+    pooled with its processes in the first of ``pools`` (folder, its records and optionally the
+    workloads it is for; ``--pool``) that has any, and its section says which processes came from
+    where."""
     sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
     verdicts: dict[str, dict] = {}
     pooled: dict[str, int] = {}  # workload: its processes
@@ -536,7 +537,8 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
         folder, mine = out, records
         if not has_results(out, name):
             folder, mine = next(((f, r) for f, r in earlier if has_results(f, name)), (out, records))
-        extra = next(([(f, r)] for f, r in pools if process_files(f, name)), [])
+        extra = next(([(f, r)] for f, r, *only in pools
+                      if (not only or only[0] is None or name in only[0]) and process_files(f, name)), [])
         extra = [(f, r) for f, r in extra if f.resolve() != folder.resolve()]
         made = _section(workload, folder, policies, mine, extra)
         if made is None:
@@ -629,6 +631,12 @@ def update_readme(readme: Path, tables: str) -> None:
 # ------------------------------------------------------------------------------ main
 
 
+def pool_arg(text: str) -> tuple[Path, set[str] | None]:
+    """``--pool DIR`` or ``--pool DIR=W1,W2``: the folder, and the workloads it pools (None: all)."""
+    folder, _, names = text.rpartition("=") if "=" in text else (text, "", "")
+    return Path(folder), ({n.strip() for n in names.split(",") if n.strip()} if names else None)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
@@ -657,10 +665,11 @@ def parse_args(argv=None):
                         help="an earlier run's folder: a workload with no results in --out is read from the first "
                              "--from folder that has them (repeatable), so a round that re-runs some workloads need "
                              "not copy the others' files")
-    parser.add_argument("--pool", dest="pools", action="append", default=[], type=Path, metavar="DIR",
+    parser.add_argument("--pool", dest="pools", action="append", default=[], metavar="DIR[=W1,W2]",
                         help="an earlier run's folder: each workload's processes in --out (or --from's folder) are "
                              "pooled with its processes in the first --pool folder that has any, as --first-process "
-                             "pools them in one folder; repeatable; their process numbers must differ")
+                             "pools them in one folder; =W1,W2 limits it to those workloads; repeatable; their process "
+                             "numbers must differ")
     parser.add_argument("--update-readme", type=Path, metavar="README",
                         help="also replace the tables between the k_policy_tables markers of this file")
     return parser.parse_args(argv)
@@ -689,7 +698,8 @@ def main(argv=None) -> int:
         if value < 1:
             print(f"{flag} must be at least 1", file=sys.stderr)
             return 2
-    for flag, folders in (("--from", args.earlier), ("--pool", args.pools)):
+    pools = [pool_arg(text) for text in args.pools]
+    for flag, folders in (("--from", args.earlier), ("--pool", [folder for folder, _ in pools])):
         for folder in folders:
             if not folder.is_dir():
                 print(f"{flag} {folder}: no such directory; give the folder of an earlier k_policy_tables run",
@@ -720,7 +730,7 @@ def main(argv=None) -> int:
                 print(f"   {stem} failed: see {out / (stem + '.log')}", file=sys.stderr)
     tables = render(out, names, policies, records,
                     [(folder, load_records(folder / "runs.json")) for folder in args.earlier],
-                    [(folder, load_records(folder / "runs.json")) for folder in args.pools])
+                    [(folder, load_records(folder / "runs.json"), only) for folder, only in pools])
     (out / "tables.md").write_text(tables)
     print(tables)
     if args.update_readme is not None:

@@ -438,5 +438,8 @@ def test_processes_in_a_pool_folder_join_a_workload_s_own(tables, tmp_path, caps
     (new / "code.p1.json").write_text(json.dumps(_process(1)))  # the same number in both: refused
     with pytest.raises(SystemExit, match="process 1 is in both"):
         tables.render(new, ["code"], ["goodput"], {}, (), [(old, old_records)])
+    text = tables.render(new, ["code"], ["goodput"], {}, (), [(old, {}, {"rare"})])  # a pool for other workloads
+    assert "pooled with" not in text and "process 1 is in both" not in text
+    assert tables.pool_arg(f"{old}=rare, code") == (old, {"rare", "code"}) and tables.pool_arg(str(old)) == (old, None)
     assert tables.main(["--pool", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
     assert f"--pool {tmp_path / 'missing'}: no such directory" in capsys.readouterr().err
