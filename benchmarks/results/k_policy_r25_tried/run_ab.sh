@@ -1,22 +1,33 @@
 #!/bin/bash
-# round 25 duel A/B: 2 processes round-robin over 4 workloads, batch 1 and 2, 6 repeats
-cd "$(git rev-parse --show-toplevel)"   # needs GOODPUT_VARIANT (see the harness); writes to $OUT
-OUT=${OUT:-ab_out}; mkdir -p "$OUT"
+# Round 25's live A/Bs: 2 processes round-robin over WORKLOADS, modes nospec,fixed:all,goodput,NAME, 16 prompts.
+#   GOODPUT_VARIANT=... OUT=dir benchmarks/results/k_policy_r25_tried/run_ab.sh PREFIX NAME FIELD=VALUE BATCHES REPEATS WORKLOADS...
+# as run (see rules.md):
+#   run_ab.sh duel goodput_duel duel_rows=2 1,2 6 syn09 syn06 syn03 code
+#   run_ab.sh relearn goodput_relearn relearn_after=32 4,8 4 code stdlib thirdparty
+#   run_ab.sh nooutcome goodput_nooutcome budget_no_outcome=true 4,8 4 code stdlib thirdparty
+#   run_ab.sh guard goodput_nooutcome budget_no_outcome=true 4,8 3 syn09 syn06 syn03 rare
+cd "$(git rev-parse --show-toplevel)"
 . .venv/bin/activate
+prefix=$1 name=$2 field=$3 batches=$4 repeats=$5; shift 5
+OUT=${OUT:-ab_out}; mkdir -p "$OUT"
 for p in 1 2; do
-  for w in syn09 syn06 syn03 code; do
+  for w in "$@"; do
+    recipe=recipes/tinycode_varK.yaml
     case $w in
       syn09) extra=(--set 'proposer={uses: synthetic, with: {acceptance_rate: 0.9}}');;
       syn06) extra=(--set 'proposer={uses: synthetic, with: {acceptance_rate: 0.6}}');;
       syn03) extra=(--set 'proposer={uses: synthetic, with: {acceptance_rate: 0.3}}');;
       code) extra=();;
+      stdlib) extra=(--set workload.builtin=stdlib_tests);;
+      thirdparty) extra=(--set workload.builtin=thirdparty);;
+      rare) recipe=recipes/tinycode_rare.yaml; extra=(--set workload.temperature=0);;
     esac
     start=$(date +%s)
-    echo "== $w.p$p $(date -u +%H:%M:%S) $(uptime)" >> $OUT/duel_runs.log
-    nice -n -20 python benchmarks/results/k_policy_r25_tried/ab_duel.py bench recipes/tinycode_varK.yaml --batch-sizes 1,2 \
-      --modes nospec,fixed:all,goodput,goodput_duel --repeats 6 --json $OUT/duel_$w.p$p.json --markdown \
-      --set workload.count=16 "${extra[@]}" > $OUT/duel_$w.p$p.md 2>&1
-    echo "   rc=$? $(( $(date +%s) - start )) s $(uptime)" >> $OUT/duel_runs.log
+    echo "== $w.p$p $(date -u +%H:%M:%S) $(uptime)" >> "$OUT/${prefix}_runs.log"
+    nice -n -20 python benchmarks/results/k_policy_r25_tried/ab_variant.py "$name" "$field" -- bench $recipe \
+      --batch-sizes "$batches" --modes "nospec,fixed:all,goodput,$name" --repeats "$repeats" \
+      --json "$OUT/${prefix}_$w.p$p.json" --markdown --set workload.count=16 "${extra[@]}" > "$OUT/${prefix}_$w.p$p.md" 2>&1
+    echo "   rc=$? $(( $(date +%s) - start )) s $(uptime)" >> "$OUT/${prefix}_runs.log"
   done
 done
-echo done >> $OUT/duel_runs.log
+echo done >> "$OUT/${prefix}_runs.log"

@@ -2,7 +2,7 @@
 and print each step's K, the rows' proposal lengths and tokens left, the last K, the rates and extra[K_max].
 From the repository root (round 25's finding F1):
     python benchmarks/results/k_policy_r25_tried/trace_replay.py RUNS/synthetic_0.9 8 [KEY=VALUE ...]"""
-import sys, random, statistics
+import sys, random
 sys.path.insert(0, "benchmarks")
 from pathlib import Path
 import k_policy_replay as kpr
