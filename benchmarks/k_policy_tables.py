@@ -520,14 +520,15 @@ def has_results(folder: Path, name: str) -> bool:
 
 
 def render(out: Path, names: list[str], policies: list[str], records: dict[tuple[str, int | None], dict],
-           earlier: Sequence[tuple[Path, dict]] = (), pools: Sequence[tuple] = ()) -> str:
+           earlier: Sequence[tuple[Path, dict]] = (),
+           pools: Sequence[tuple[Path, dict, set[str] | None]] = ()) -> str:
     """The markdown of every table, tuned-on workloads first, then the held-out ones. A workload's
     rows are ``<name>.json``'s, or when it is absent its processes' pooled (:func:`pool_rows`);
     ``records`` are ``runs.json``'s by (workload, process) (:func:`load_records`). A workload
     without results in ``out`` is read from the first of the ``earlier`` (folder, its records) that
     has them (``--from``), and its section says which folder. A workload's processes there are
-    pooled with its processes in the first of ``pools`` (folder, its records and optionally the
-    workloads it is for; ``--pool``) that has any, and its section says which processes came from
+    pooled with its processes in the first of ``pools`` (folder, its records, the workloads it is
+    for or None for all; ``--pool``) that has any, and its section says which processes came from
     where."""
     sections: dict[str, list[str]] = {TUNED: [], HELD_OUT: []}
     verdicts: dict[str, dict] = {}
@@ -537,10 +538,10 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
         folder, mine = out, records
         if not has_results(out, name):
             folder, mine = next(((f, r) for f, r in earlier if has_results(f, name)), (out, records))
-        extra = next(([(f, r)] for f, r, *only in pools
-                      if (not only or only[0] is None or name in only[0]) and process_files(f, name)), [])
-        extra = [(f, r) for f, r in extra if f.resolve() != folder.resolve()]
-        made = _section(workload, folder, policies, mine, extra)
+        pool = next(((f, r) for f, r, only in pools if (only is None or name in only) and process_files(f, name)), None)
+        if pool and pool[0].resolve() == folder.resolve():
+            pool = None
+        made = _section(workload, folder, policies, mine, pool)
         if made is None:
             sections[workload.section] += [f"#### {name}: no results ({shown(out / f'{name}.json')} missing)", ""]
             continue
@@ -550,9 +551,9 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
         notes = []
         if folder != out:
             notes.append(f"(read from `{shown(folder)}/`, an earlier run's folder)")
-        if extra and not (folder / f"{name}.json").exists():
-            notes.append("(pooled with " + "; ".join(
-                f"{', '.join(f'p{p}' for p, _ in process_files(f, name))} from `{shown(f)}/`" for f, _ in extra) + ")")
+        if pool and not (folder / f"{name}.json").exists():
+            notes.append(f"(pooled with {', '.join(f'p{p}' for p, _ in process_files(pool[0], name))} "
+                         f"from `{shown(pool[0])}/`)")
         for note in reversed(notes):
             lines[2:2] = [note, ""]
         sections[workload.section] += lines
@@ -571,24 +572,21 @@ def render(out: Path, names: list[str], policies: list[str], records: dict[tuple
 
 
 def _section(workload: Workload, folder: Path, policies: list[str], records: dict,
-             pools: Sequence[tuple[Path, dict]] = ()) -> tuple[list[str], dict, int] | None:
+             pool: tuple[Path, dict] | None = None) -> tuple[list[str], dict, int] | None:
     """A workload's section from ``folder`` (None: no results there): its lines, its verdicts and
     the number of processes it pooled (0: one bench's ``<name>.json``). The workload's processes in
-    ``pools`` (folder, its records) join ``folder``'s; two with one number are refused."""
+    ``pool`` (a folder, its records) join ``folder``'s; a number in both is refused."""
     path = folder / f"{workload.name}.json"
     parts = [] if path.exists() else process_files(folder, workload.name)
-    if parts and pools:
-        where = {p: folder for p, _ in parts}
-        records = dict(records)
-        for other, its in pools:
-            for p, part in process_files(other, workload.name):
-                if p in where:
-                    raise SystemExit(f"{workload.name}: process {p} is in both {shown(where[p])}/ and {shown(other)}/; "
-                                     "number the added processes apart with --first-process")
-                where[p] = other
-                parts.append((p, part))
-                if (workload.name, p) in its:
-                    records[(workload.name, p)] = its[(workload.name, p)]
+    if parts and pool:
+        other, its = pool
+        mine = {p for p, _ in parts}
+        for p, part in process_files(other, workload.name):
+            if p in mine:
+                raise SystemExit(f"{workload.name}: process {p} is in both {shown(folder)}/ and {shown(other)}/; "
+                                 "number the added processes apart with --first-process")
+            parts.append((p, part))
+        records = {**records, **{key: r for key, r in its.items() if key[0] == workload.name}}
         parts.sort()
     if parts:
         processes = [(p, json.loads(part.read_text())) for p, part in parts]

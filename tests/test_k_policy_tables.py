@@ -422,22 +422,22 @@ def test_processes_in_a_pool_folder_join_a_workload_s_own(tables, tmp_path, caps
     old_records = {("code", 1): {"workload": "code", "process": 1, "command": "bench --json old/code.p1.json",
                                  "uptime_before": "load average: 1.00, 1.00, 1.00", "seconds": 5.0,
                                  "uptime_after": "load average: 2.00, 2.00, 2.00", "exit_code": 0}}
-    text = tables.render(new, ["code", "rare"], ["goodput"], {}, (), [(old, old_records)])
+    text = tables.render(new, ["code", "rare"], ["goodput"], {}, (), [(old, old_records, None)])
     sections = _sections(text)
     assert f"(pooled with p1 from `{old.name}/`)" in sections["code"]
     assert "0.960, 0.990" in sections["code"]  # p1's own paired median, then p3's
     assert "`bench --json old/code.p1.json` × 1 process" in sections["code"]
     assert sections["rare"].startswith("rare: no results")
-    text = tables.render(new, ["code", "rare"], ["goodput"], {}, [(old, old_records)], [(old, old_records)])
+    text = tables.render(new, ["code", "rare"], ["goodput"], {}, [(old, old_records)], [(old, old_records, None)])
     assert "pooled with" not in _sections(text)["rare"] and "read from" in _sections(text)["rare"]
     later = tmp_path / "later"  # only the first pool folder that has a workload's processes is pooled
     later.mkdir()
     (later / "code.p3.json").write_text(json.dumps(_process(0)))
-    assert _sections(tables.render(new, ["code"], ["goodput"], {}, (), [(old, {}), (later, {})])) == \
-        _sections(tables.render(new, ["code"], ["goodput"], {}, (), [(old, {})]))
+    assert _sections(tables.render(new, ["code"], ["goodput"], {}, (), [(old, {}, None), (later, {}, None)])) == \
+        _sections(tables.render(new, ["code"], ["goodput"], {}, (), [(old, {}, None)]))
     (new / "code.p1.json").write_text(json.dumps(_process(1)))  # the same number in both: refused
     with pytest.raises(SystemExit, match="process 1 is in both"):
-        tables.render(new, ["code"], ["goodput"], {}, (), [(old, old_records)])
+        tables.render(new, ["code"], ["goodput"], {}, (), [(old, old_records, None)])
     text = tables.render(new, ["code"], ["goodput"], {}, (), [(old, {}, {"rare"})])  # a pool for other workloads
     assert "pooled with" not in text and "process 1 is in both" not in text
     assert tables.pool_arg(f"{old}=rare, code") == (old, {"rare", "code"}) and tables.pool_arg(str(old)) == (old, None)
