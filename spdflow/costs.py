@@ -189,6 +189,16 @@ class InSitu:
     gap_s: float
 
 
+def level_scale(own: dict[int, float], grid: dict[int, float]) -> float:
+    """The median ratio of a generation's own mean verify time to the grid's, over the K both
+    have (1.0 when none): what a K priced from the grid alone is scaled by, so that every K of
+    one batch size is priced at one level. The grid times runs outside a generation, and they
+    run faster there (at batch 1 on the CPU 0.5-0.8x a generation's), so only its shape across K
+    is used."""
+    both = [own[k] / grid[k] for k in own if grid.get(k)]
+    return statistics.median(both) if both else 1.0
+
+
 def in_situ(records: list[dict]) -> InSitu | None:
     """The run's own step times (None for a run without decode steps)."""
     steps = [r for r in records if r.get("kind") == "step"]

@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from spdflow.api import CostModel, ProposeInput, Request
+from spdflow.costs import level_scale
 from spdflow.errors import UsageError
 
 
@@ -550,9 +551,8 @@ class MeasuredSteps(CostModel):
                     times.setdefault(int(r["k"]), []).append(float(r["verify_s"]))
         self.own = {k: statistics.fmean(v) for k, v in times.items() if len(v) >= MIN_STEPS}
         self.counts = {k: len(v) for k, v in times.items()}
-        both = [self.own[k] / grid.verify_s[k] for k in self.own if grid is not None and grid.verify_s.get(k)]
         #: trace time ÷ grid time, applied to what only the grid gives
-        self.scale = statistics.median(both) if both else 1.0
+        self.scale = level_scale(self.own, grid.verify_s) if grid is not None else 1.0
 
     def verify_s(self, batch, k):
         if k in self.own:

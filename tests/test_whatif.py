@@ -295,6 +295,37 @@ def test_measured_prices_the_runs_own_batch_from_its_steps_and_other_shapes_from
     assert any("host time: the run's own" in n for n in prediction.notes)
 
 
+def test_measured_prices_a_k_the_run_barely_ran_at_the_runs_level_not_the_grids(greedy_run):
+    """A K the run verified fewer than 5 times is priced from the grid, scaled by the median ratio of
+    the run's own times to the grid's: unscaled, a grid 0.64x the run's level priced such a K far
+    too cheap beside the run's own Ks (benchmarks/results/k_policy_r26_tried/rules.md, F1)."""
+    import dataclasses as dc
+
+    from spdflow.costs import GridEntry, InSitu
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    cost = make_cost_model(pm, run, "measured")
+    batch = cost.own.batch
+    cost.grid[batch] = GridEntry(batch, {0: 1.0e-3, 2: 1.2e-3, 4: 1.5e-3, 7: 2.0e-3}, 0.4e-3, None, 0, 3, "", [])
+    cost.own = InSitu(batch, {0: 1.5e-3, 2: 2.0e-3, 4: 9.0e-3, 7: 3.0e-3}, {0: 40, 2: 3, 4: 2, 7: 30}, 1e-4, 2e-4)
+    cost._scale = None
+    # the run's own figures where it ran a K at least 5 times; ratios to the grid 1.5 and 1.5
+    assert cost.verify_s(batch, 0) == 1.5e-3 and cost.verify_s(batch, 7) == 3.0e-3
+    assert cost.scale(batch) == pytest.approx(1.5)
+    # K = 2 and 4 ran 3 and 2 times: the grid at the run's level, not their few steps' means
+    assert cost.verify_s(batch, 2) == pytest.approx(1.8e-3) and cost.verify_s(batch, 4) == pytest.approx(2.25e-3)
+    assert cost.switch_s(batch) == pytest.approx(0.6e-3)
+    assert cost.describe()["in_situ"]["grid_scale"] == 1.5
+    # other batch sizes are the grid's own figures
+    other = batch + 1
+    cost.grid[other] = dc.replace(cost.grid[batch], batch=other)
+    assert cost.verify_s(other, 4) == 1.5e-3 and cost.switch_s(other) == 0.4e-3
+    # without in_situ, the grid alone
+    grid_only = make_cost_model(pm, run, "measured", {"in_situ": False})
+    assert grid_only.scale(batch) == 1.0
+
+
 def test_charge_host_moves_wall_and_rates_with_the_host_time():
     from spdflow.whatif import Figures, charge_host
 

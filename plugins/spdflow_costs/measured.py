@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from spdflow.api import CostContext, CostModel
-from spdflow.costs import GRID_FILE, GridEntry, in_situ, read_grid
+from spdflow.costs import GRID_FILE, GridEntry, in_situ, level_scale, read_grid
 from spdflow.errors import RunDataError
 
 
@@ -12,8 +12,10 @@ class MeasuredConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     remeasure: bool = Field(False, description="Time every shape again, even those cost_grid.json already has.")
     in_situ: bool = Field(True, description="Price the run's own batch size with its own verify times (from its "
-                          "trace: mean verify time of each K it ran at least 5 times), time other shapes with the run's host gap "
-                          "between runs, and charge the run's own host time per step instead of the replay's.")
+                          "trace: mean verify time of each K it ran at least 5 times; a K it ran less often, and the switch, at "
+                          "the grid's time x the median ratio of the run's time to the grid's over the K both have), time "
+                          "other shapes with the run's host gap between runs, and charge the run's own host time per step "
+                          "instead of the replay's.")
 
 #: a K the run verified fewer times than this is priced from the timed grid instead
 MIN_STEPS = 5
@@ -36,6 +38,7 @@ class MeasuredCost(CostModel):
         self.own = in_situ(ctx.records) if (config is None or config.in_situ) else None
         #: seconds of host work per step the replay charges instead of its own (None: its own)
         self.host_per_step_s = self.own.host_per_step_s if self.own else None
+        self._scale: float | None = None  # scale() at the run's own batch size, once the grid has its K
 
     def prepare(self, needs: dict[int, list[int]]) -> None:
         """Measure every (batch, K) in ``needs`` that is not stored yet (all of them with remeasure)."""
@@ -51,6 +54,8 @@ class MeasuredCost(CostModel):
             want = set(ks) | (set(entry.verify_s) if entry is not None else set())
             self.grid[batch] = self.ctx.measure(batch, sorted(want), gap_s=self.own.gap_s if self.own else 0.0)
             self.fresh.add(batch)
+            if self.own is not None and batch == self.own.batch:
+                self._scale = None  # the grid it was taken from changed
 
     def _entry(self, batch: int, k: int) -> GridEntry:
         entry = self.grid.get(batch)
@@ -59,14 +64,30 @@ class MeasuredCost(CostModel):
             entry = self.grid[batch]
         return entry
 
+    def _often(self) -> dict[int, float]:
+        """The run's own mean verify time of each K it ran at least MIN_STEPS times."""
+        own = self.own
+        return {k: v for k, v in own.verify_s.items() if own.steps[k] >= MIN_STEPS} if own is not None else {}
+
+    def scale(self, batch: int) -> float:
+        """What a grid time is multiplied by at this batch size: at the run's own, the level of its
+        own steps against the grid's (:func:`spdflow.costs.level_scale`), else 1."""
+        if self.own is None or batch != self.own.batch:
+            return 1.0
+        if self._scale is None:
+            often = self._often()
+            entry = self._entry(batch, min(often)) if often else None
+            self._scale = level_scale(often, entry.verify_s) if entry is not None else 1.0
+        return self._scale
+
     def verify_s(self, batch, k):
         own = self.own
         if own is not None and batch == own.batch and own.steps.get(k, 0) >= MIN_STEPS:
             return own.verify_s[k]
-        return self._entry(batch, k).verify_s[k]
+        return self._entry(batch, k).verify_s[k] * self.scale(batch)
 
     def switch_s(self, batch):
-        return self._entry(batch, 0).switch_s
+        return self._entry(batch, 0).switch_s * self.scale(batch)
 
     def prefill_s(self, batch, seq_len):
         entry = self._entry(batch, 0)
@@ -80,8 +101,9 @@ class MeasuredCost(CostModel):
         if self.own is not None:
             own = {"batch": self.own.batch, "host_per_step_ms": round(self.own.host_per_step_s * 1e3, 4),
                    "gap_ms": round(self.own.gap_s * 1e3, 4),
-                   "verify_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self.own.verify_s.items())
-                                 if self.own.steps[k] >= MIN_STEPS}}
+                   "verify_ms": {str(k): round(v * 1e3, 4) for k, v in sorted(self._often().items())}}
+            if self.own.batch in self.grid:
+                own["grid_scale"] = round(self.scale(self.own.batch), 4)
         return {"cost_model": "measured", "in_situ": own,
                 "source": f"{GRID_FILE} in the run directory: medians of verify runs timed on backend "
                           f"'{self.ctx.recipe.devices.backend}' (blocks of one K; switch = extra time of the first run "
