@@ -12,7 +12,7 @@ and after each workload, and the wall time each took. Workloads some K-policy pa
 tuned on and the evaluation-only ones (``spdflow_workloads.EVALUATION_ONLY``) get separate sections.
 
     python benchmarks/k_policy_tables.py --repeats 3                       # embedded-model workloads
-    python benchmarks/k_policy_tables.py --repeats 3 --policies guarded \\
+    python benchmarks/k_policy_tables.py --repeats 3 --policies my_policy \\
         --update-readme benchmarks/README.md                               # re-run, README section replaced
     python benchmarks/k_policy_tables.py --repeats 5 --processes 3       # 3 benches per workload, pooled
     python benchmarks/k_policy_tables.py --repeats 5 --processes 2 --first-process 4 --out DIR
