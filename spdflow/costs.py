@@ -192,9 +192,9 @@ class InSitu:
 def level_scale(own: dict[int, float], grid: dict[int, float]) -> float:
     """The median ratio of a generation's own mean verify time to the grid's, over the K both
     have (1.0 when none): what a K priced from the grid alone is scaled by, so that every K of
-    one batch size is priced at one level. The grid times runs outside a generation, and they
-    run faster there (at batch 1 on the CPU 0.5-0.8x a generation's), so only its shape across K
-    is used."""
+    one batch size is priced at one level. The grid times runs outside a generation, where their
+    level differs (at batch 1 on the CPU from 0.64x to 1.3x a generation's in two runs of issue
+    23's round 26), so only its shape across K is used."""
     both = [own[k] / grid[k] for k in own if grid.get(k)]
     return statistics.median(both) if both else 1.0
 
