@@ -189,6 +189,11 @@ class InSitu:
     gap_s: float
 
 
+#: a K a generation verified fewer times than this is priced from a timed grid (scaled by
+#: :func:`level_scale`) rather than from the mean of its few steps
+MIN_STEPS = 5
+
+
 def level_scale(own: dict[int, float], grid: dict[int, float]) -> float:
     """The median ratio of a generation's own mean verify time to the grid's, over the K both
     have (1.0 when none): what a K priced from the grid alone is scaled by, so that every K of

@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from spdflow.api import CostModel, ProposeInput, Request
-from spdflow.costs import level_scale
+from spdflow.costs import MIN_STEPS, level_scale
 from spdflow.errors import UsageError
 
 
@@ -524,10 +524,6 @@ def oracle_report(pm, run, cost: CostModel, policy: str | None = None, batch_siz
 
 
 # ------------------------------------------------------------------------------ a generation's own trace
-
-
-#: a K the traces verified fewer times than this is priced from the timed grid instead
-MIN_STEPS = 5
 
 
 class MeasuredSteps(CostModel):

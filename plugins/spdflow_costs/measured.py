@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from spdflow.api import CostContext, CostModel
-from spdflow.costs import GRID_FILE, GridEntry, in_situ, level_scale, read_grid
+from spdflow.costs import GRID_FILE, MIN_STEPS, GridEntry, in_situ, level_scale, read_grid
 from spdflow.errors import RunDataError
 
 
@@ -16,9 +16,6 @@ class MeasuredConfig(BaseModel):
                           "the grid's time x the median ratio of the run's time to the grid's over the K both have), time "
                           "other shapes with the run's host gap between runs, and charge the run's own host time per step "
                           "instead of the replay's.")
-
-#: a K the run verified fewer times than this is priced from the timed grid instead
-MIN_STEPS = 5
 
 
 class MeasuredCost(CostModel):
