@@ -14,7 +14,7 @@ modes of one run, not figures of two runs.
 With ``--pin K`` every mode verifies K on every step and runs the proposer at full length, as
 ``fixed:<K>`` does, while its policy's methods still run and see every step: the modes then
 differ only in the policy's own work (its methods, and what it asks of the engine, such as
-scoring proposals), and the columns per run (verify, host, tok/s paired with the first mode in
+scoring proposals), and the columns per run (verify, host, tok/s and verify time paired with the first mode in
 the same repeat) give what that work costs the run.
 
     python benchmarks/policy_time.py recipes/tinycode_varK.yaml --batch 1 --repeats 5 \\
@@ -105,14 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batch {args.batch}, {args.repeats} repeats{pinned}; µs per step and ms per run, medians over repeats; "
           f"paired: the median over repeats of the mode's figure ÷ {first}'s in the same repeat")
     print("| mode | " + " | ".join(METHODS) + " | policy | host (median step) | steps | verify ms | host ms "
-          f"| tok/s | tok/s paired ÷ {first} | tokens = no-spec |")
-    print("|---" * (len(METHODS) + 9) + "|")
+          f"| tok/s | tok/s paired ÷ {first} | verify paired ÷ {first} | tokens = no-spec |")
+    print("|---" * (len(METHODS) + 10) + "|")
     for row, runs in per_mode.items():
         cells = [f"{statistics.median(r[m] for r in runs):.1f}" for m in (*METHODS, "policy", "host")]
         cells += [f"{statistics.median(r[m] for r in runs):.0f}" for m in ("steps", "verify ms", "host ms", "tok/s")]
         paired = statistics.median(r["tok/s"] / f["tok/s"] for r, f in zip(runs, per_mode[first]))
+        verify = statistics.median(r["verify ms"] / f["verify ms"] for r, f in zip(runs, per_mode[first]))
         same = "yes" if all(r["same"] for r in runs) else "**no**"
-        print(f"| {row} | " + " | ".join(cells) + f" | {paired:.3f} | {same} |")
+        print(f"| {row} | " + " | ".join(cells) + f" | {paired:.3f} | {verify:.3f} | {same} |")
     return 0 if all(r["same"] for runs in per_mode.values() for r in runs) else 1
 
 

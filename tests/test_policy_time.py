@@ -34,6 +34,7 @@ def test_policy_time_pinned_runs_every_mode_on_one_schedule(tmp_path, capsys):
     assert rows["varK:goodput"][6] == rows["fixed:2"][6]  # steps: one schedule
     assert float(rows["varK:goodput"][4]) > 0  # goodput's methods ran
     assert rows["varK:goodput"][-1] == rows["fixed:2"][-1] == "yes"
+    assert rows["fixed:2"][-2] == "1.000" and float(rows["varK:goodput"][-2]) > 0  # verify time paired with the first mode
     assert module.main([*common, "--modes", "fixed:2,goodput", "--pin", "3"]) == 2
     assert "not in the recipe's K-list" in capsys.readouterr().err
     from spdflow.engine.generate import Generator
