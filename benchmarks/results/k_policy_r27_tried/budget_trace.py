@@ -5,30 +5,23 @@ fields, and at each step named prints the rows' tokens left and weights, each ro
 budget's rates three ways: as priced (row weights), unweighted, and without the proposer's time. From the
 repository root:
     python benchmarks/results/k_policy_r24_tried/record_calls.py 8 OUT.pkl
-    python benchmarks/results/k_policy_r27_tried/budget_trace.py OUT.pkl 2 24,49,69 [request_decay=0.9 ...]
-(RUN: which recorded run, 1-based; the steps count propose_budget calls of that run.)"""
-import importlib.util
+    python benchmarks/results/k_policy_r27_tried/budget_trace.py OUT.pkl RUN STEPS [KEY=VALUE ...]
+e.g. `OUT.pkl 2 24,49,69 request_decay=0.9` (RUN: which recorded generation, from 1; STEPS count its propose_budget
+calls; KEY=VALUE: GoodputConfig fields, JSON values).)"""
 import json
-import pickle
 import sys
 
-spec = importlib.util.spec_from_file_location("gp", "plugins/spdflow_decoding/goodput.py")
-gp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gp)
-from spdflow.api import NoServices  # noqa: E402
+sys.path.insert(0, "benchmarks")
+from recorded_calls import drive, load_calls, load_goodput  # noqa: E402
 
 path, which, steps = sys.argv[1], int(sys.argv[2]), {int(s) for s in sys.argv[3].split(",")}
 fields = {k: json.loads(v) for k, v in (a.split("=", 1) for a in sys.argv[4:])}
-run = step = 0
-for method, args, result in pickle.load(open(path, "rb")):
-    if method == "start":
-        run, step = run + 1, 0
-        policy = gp.Goodput(gp.GoodputConfig(**fields))
-        policy.start(args[0], args[1], NoServices(args[2]))
+step = 0
+for generation, method, args, _, out, policy in drive(load_calls(path), load_goodput(), **fields):
+    if method != "propose_budget" or generation != which:
         continue
-    step += method == "propose_budget"
-    out = getattr(policy, method)(*args)
-    if method != "propose_budget" or run != which or step not in steps:
+    step += 1
+    if step not in steps:
         continue
     c, a = policy.costs, policy.acceptance
     full, weights = [policy.ks[-1]] * len(policy.left), policy.row_weights()
