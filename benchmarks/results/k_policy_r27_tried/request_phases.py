@@ -4,11 +4,13 @@ For each recorded run (round 24's record_calls.py) and request: over steps 1-39,
 proposals, the share whose first token held, and the mean tokens held. From the repository root:
     python benchmarks/results/k_policy_r27_tried/request_phases.py OUT.pkl"""
 import collections
-import pickle
 import sys
 
+sys.path.insert(0, "benchmarks")
+from recorded_calls import load_calls  # noqa: E402
+
 runs, run, step = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0, 0])), 0, 0
-for method, args, result in pickle.load(open(sys.argv[1], "rb")):
+for method, args, _ in load_calls(sys.argv[1]):
     if method == "start":
         run, step = run + 1, 0
     elif method == "observe":
