@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             figures["steps"] = len(steps)
             figures["same"] = run.tokens == baseline
             per_mode[row].append(figures)
-            print(f"  repeat {repeat} {row}: policy {figures['policy']:.1f} µs/step", file=sys.stderr, flush=True)
+            print(f"  repeat {repeat} {row}: policy {figures['policy']:.1f} µs/step, verify {figures['verify ms']:.0f} ms, "
+                  f"host {figures['host ms']:.0f} ms", file=sys.stderr, flush=True)
     finally:
         generate.Generator._call_policy = call_policy  # the wrapping ends with this run
         bench.close()
