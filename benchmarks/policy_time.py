@@ -118,5 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["same"] for runs in per_mode.values() for r in runs) else 1
 
 
+def main_with(plugin, name: str, argv: list[str] | None = None) -> int:
+    """:func:`main` with one more plugin registered under ``name`` (e.g. K policies made for a probe)."""
+    import spdflow.plugins as plugins
+
+    original = plugins.get_plugin_manager
+
+    def with_plugin(*args, **kwargs):
+        pm = original(*args, **kwargs)
+        pm.add_plugin(plugin, name, version="1.0")
+        return pm
+
+    plugins.get_plugin_manager = with_plugin  # main() looks it up when it runs
+    try:
+        return main(argv)
+    finally:
+        plugins.get_plugin_manager = original
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,3 +39,33 @@ def test_policy_time_pinned_runs_every_mode_on_one_schedule(tmp_path, capsys):
     assert "not in the recipe's K-list" in capsys.readouterr().err
     from spdflow.engine.generate import Generator
     assert "timed" not in Generator._call_policy.__qualname__  # neither run leaves its wrapping behind
+
+
+def test_policy_time_main_with_registers_a_probe_policy_for_one_run(tmp_path, capsys):
+    """main_with: a plugin registered for the run (a probe's K policies) is a mode like any other, and is gone after."""
+    from spdflow.api import KPolicy
+    from spdflow.hookspecs import hookimpl
+    import spdflow.plugins as plugins
+
+    class Probe(KPolicy):
+        name = "probe_largest"
+
+        def choose_k(self, proposal_counts, compiled_ks):
+            return max(compiled_ks)
+
+    class Plugin:
+        @hookimpl
+        def spdflow_register_k_policies(self, register):
+            register("probe_largest", Probe, description="a test probe: the largest K")
+
+    module = load_benchmark("policy_time")
+    original = plugins.get_plugin_manager
+    rc = module.main_with(Plugin(), "test-probe", [
+        str(REPO / "recipes" / "tinycode_varK.yaml"), "--batch", "1", "--repeats", "1", "--modes", "fixed:7,probe_largest",
+        "--pin", "7", "--set", f"output={tmp_path / 'run'}", "--set", "workload.count=2", "--set", "workload.max_new_tokens=16"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = markdown_rows(out, "mode")
+    assert set(rows) == {"fixed:7", "varK:probe_largest"} and rows["varK:probe_largest"][-1] == "yes"
+    assert plugins.get_plugin_manager is original
+    assert "probe_largest" not in plugins.get_plugin_manager().registry()["k_policy"]

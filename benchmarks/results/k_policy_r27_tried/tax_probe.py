@@ -11,7 +11,6 @@ import sys
 
 sys.path.insert(0, "benchmarks")
 import policy_time  # noqa: E402
-import spdflow.plugins as plugins  # noqa: E402
 from spdflow.api import KPolicy  # noqa: E402
 from spdflow.hookspecs import hookimpl  # noqa: E402
 
@@ -53,14 +52,4 @@ class Plugin:
         register("probe_spin", Spin, description="round 27 probe: the largest K after a loop of arithmetic")
 
 
-original = plugins.get_plugin_manager
-
-
-def with_probes(*args, **kwargs):
-    pm = original(*args, **kwargs)
-    pm.add_plugin(Plugin(), "round27-probe", version="1.0")
-    return pm
-
-
-plugins.get_plugin_manager = with_probes
-sys.exit(policy_time.main(sys.argv[1:]))
+sys.exit(policy_time.main_with(Plugin(), "round27-probe", sys.argv[1:]))

@@ -12,7 +12,6 @@ import time
 
 sys.path.insert(0, "benchmarks")
 import policy_time  # noqa: E402
-import spdflow.plugins as plugins  # noqa: E402
 from spdflow.api import KPolicy  # noqa: E402
 from spdflow.hookspecs import hookimpl  # noqa: E402
 
@@ -41,14 +40,4 @@ class Plugin:
         register("probe_wait_0b", waiting(0), description="round 28 probe: probe_wait_0 again (an A/A pair)")
 
 
-original = plugins.get_plugin_manager
-
-
-def with_probes(*args, **kwargs):
-    pm = original(*args, **kwargs)
-    pm.add_plugin(Plugin(), "round28-probe", version="1.0")
-    return pm
-
-
-plugins.get_plugin_manager = with_probes
-sys.exit(policy_time.main(sys.argv[1:]))
+sys.exit(policy_time.main_with(Plugin(), "round28-probe", sys.argv[1:]))
