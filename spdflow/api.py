@@ -609,7 +609,7 @@ class CostModel:
     (None: take the run's own measured prefill). Proposer and host time are not priced here
     unless ``includes_host``, ``host_per_step_s`` or ``propose_per_call_s`` says so: the replay
     measures them, since they run on the host either way. ``describe()`` says where every number
-    comes from; it is printed with every prediction.
+    comes from; it is printed with every prediction, and so are ``cautions(batch)``.
     """
 
     name: str = ""
@@ -636,6 +636,11 @@ class CostModel:
 
     def describe(self) -> dict[str, Any]:
         return {"cost_model": self.name}
+
+    def cautions(self, batch: int) -> list[str]:
+        """Sentences on prices at ``batch`` that may mislead (printed as notes with the
+        prediction); none by default."""
+        return []
 
 
 # --------------------------------------------------------------------------------------------

@@ -187,11 +187,18 @@ class InSitu:
     #: host + proposer per step (the gap a verify run follows in a generation)
     host_per_step_s: float
     gap_s: float
+    #: how many of each K's steps were among the first :data:`AFTER_CHANGE` after a change of K or
+    #: a prefill (slower than the K's later steps: their mean carries the switch's time)
+    after_change: dict[int, int] = field(default_factory=dict)
 
 
 #: a K a generation verified fewer times than this is priced from a timed grid (scaled by
 #: :func:`level_scale`) rather than from the mean of its few steps
 MIN_STEPS = 5
+
+#: steps after a change of K (or a prefill) that run slower than the K's later ones: on the CPU
+#: at batch 1, K = 7's took 1.79, 1.75, 1.63 and 1.60 ms, then 1.57 (issue 23, round 28)
+AFTER_CHANGE = 4
 
 
 def level_scale(own: dict[int, float], grid: dict[int, float]) -> float:
@@ -210,9 +217,20 @@ def in_situ(records: list[dict]) -> InSitu | None:
     if not steps:
         return None
     by_k: dict[int, list[float]] = {}
-    for step in steps:
-        by_k.setdefault(int(step["k"]), []).append(float(step["verify_s"]))
+    after_change: dict[int, int] = {}
+    previous, spell = None, 0
+    for r in records:
+        if r.get("kind") == "prefill":
+            previous = None
+        elif r.get("kind") == "step":
+            k = int(r["k"])
+            by_k.setdefault(k, []).append(float(r["verify_s"]))
+            spell = spell + 1 if k == previous else 0
+            if spell < AFTER_CHANGE:
+                after_change[k] = after_change.get(k, 0) + 1
+            previous = k
     host = [float(s.get("host_s", 0.0)) for s in steps]
     gaps = [float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0)) for s in steps]
     return InSitu(int(steps[0].get("batch", 1)), {k: statistics.fmean(v) for k, v in by_k.items()},
-                  {k: len(v) for k, v in by_k.items()}, sum(host) / len(host), statistics.median(gaps))
+                  {k: len(v) for k, v in by_k.items()}, sum(host) / len(host), statistics.median(gaps),
+                  after_change)

@@ -453,6 +453,8 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     if charged is not None:
         notes.append(f"proposer time: {per_call * 1e3:.3f} ms per call, as the cost model says (not what the "
                      "proposer took in this replay)")
+    cautions = getattr(cost, "cautions", None)
+    notes += cautions(rows) if cautions is not None else []
     return Prediction(scenario, figures, exact and identical, notes, identical)
 
 

@@ -270,6 +270,7 @@ def test_in_situ_reads_the_runs_own_verify_medians_host_and_gap():
              for k, v, h, p in [(0, 1.0, 0.1, 0.0), (0, 4.0, 0.3, 0.0), (4, 5.0, 0.2, 0.1), (0, 1.0, 0.2, 0.1)]]
     own = in_situ([{"kind": "header"}, {"kind": "prefill"}, *steps])
     assert own.batch == 2 and own.verify_s == {0: 2.0, 4: 5.0} and own.steps == {0: 3, 4: 1}  # means
+    assert own.after_change == {0: 3, 4: 1}  # every step is within 4 of the prefill or a change
     assert own.host_per_step_s == pytest.approx(0.2) and own.gap_s == pytest.approx(0.3)  # median of .1 .3 .3 .3
     assert in_situ([{"kind": "header"}]) is None
 
@@ -324,6 +325,29 @@ def test_measured_prices_a_k_the_run_barely_ran_at_the_runs_level_not_the_grids(
     # without in_situ, the grid alone
     grid_only = make_cost_model(pm, run, "measured", {"in_situ": False})
     assert grid_only.scale(batch) == 1.0
+
+
+def test_measured_cautions_where_a_k_s_own_price_is_mostly_steps_after_a_change(greedy_run):
+    """A K held in short spells is priced at its slow steps after a change, and the switch is charged
+    on top (benchmarks/results/k_policy_r28_tried/rules.md, F5): the prediction says so."""
+    from spdflow.costs import AFTER_CHANGE, in_situ
+    from spdflow.whatif import replay
+
+    pm = get_plugin_manager()
+    run = load_run(greedy_run, pm)
+    cost = make_cost_model(pm, run, "measured")
+    batch = cost.own.batch
+    step = {"kind": "step", "batch": batch, "host_s": 0.0, "propose_s": 0.0}
+    spells = ([{"kind": "prefill"}] + [{**step, "k": 7, "verify_s": 2e-3}] * 12
+              + [{**step, "k": 0, "verify_s": 1.6e-3}] * 2) * 4
+    cost.own = in_situ(spells)  # K = 0: 8 steps, all within AFTER_CHANGE of a change; K = 7: 48, 4 x AFTER_CHANGE
+    assert cost.own.steps == {7: 48, 0: 8} and cost.own.after_change == {7: 4 * AFTER_CHANGE, 0: 8}
+    cautions = cost.cautions(batch)
+    assert len(cautions) == 1 and cautions[0].startswith("K=0 is priced at the run's own mean over 8 steps, 8 of them")
+    assert cost.cautions(batch + 1) == []  # other batch sizes come from the grid
+    prediction = replay(pm, run, own_scenario(run), cost)
+    assert cautions[0] in prediction.notes
+    assert make_cost_model(pm, run, "measured", {"in_situ": False}).cautions(batch) == []
 
 
 def test_charge_host_moves_wall_and_rates_with_the_host_time():

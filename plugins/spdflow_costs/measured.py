@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from spdflow.api import CostContext, CostModel
-from spdflow.costs import GRID_FILE, MIN_STEPS, GridEntry, in_situ, level_scale, read_grid
+from spdflow.costs import AFTER_CHANGE, GRID_FILE, MIN_STEPS, GridEntry, in_situ, level_scale, read_grid
 from spdflow.errors import RunDataError
 
 
@@ -82,6 +82,20 @@ class MeasuredCost(CostModel):
         if own is not None and batch == own.batch and own.steps.get(k, 0) >= MIN_STEPS:
             return own.verify_s[k]
         return self._entry(batch, k).verify_s[k] * self.scale(batch)
+
+    def cautions(self, batch):
+        """A K priced from the run's own steps when most of them were among the first few after a
+        change of K or a prefill (:data:`spdflow.costs.AFTER_CHANGE`): those run slower, so the
+        mean carries the switch's time, which the replay charges again. A K that a goodput run held
+        only in short spells at batch 1 was priced at 1.03 ms against the grid's 0.57 and K = 7's
+        1.17 this way (issue 23, round 28)."""
+        own = self.own
+        if own is None or batch != own.batch:
+            return []
+        return [f"K={k} is priced at the run's own mean over {own.steps[k]} steps, {own.after_change.get(k, 0)} of "
+                f"them within {AFTER_CHANGE} steps of a change of K or a prefill, which run slower: that price carries "
+                f"the switch's time, charged again on top (--cost-with in_situ=false prices K from the grid)"
+                for k in sorted(self._often()) if 2 * own.after_change.get(k, 0) > own.steps[k]]
 
     def switch_s(self, batch):
         return self._entry(batch, 0).switch_s * self.scale(batch)
