@@ -94,7 +94,7 @@ class MeasuredCost(CostModel):
             return []
         return [f"K={k} is priced at the run's own mean over {own.steps[k]} steps, {own.after_change.get(k, 0)} of "
                 f"them within {AFTER_CHANGE} steps of a change of K or a prefill, which run slower: that price carries "
-                f"the switch's time, charged again on top (--cost-with in_situ=false prices K from the grid)"
+                f"the switch's time, charged again on top (--cost-with in_situ=false prices every K from the grid)"
                 for k in sorted(self._often()) if 2 * own.after_change.get(k, 0) > own.steps[k]]
 
     def switch_s(self, batch):
