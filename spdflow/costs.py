@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -211,6 +211,20 @@ def level_scale(own: dict[int, float], grid: dict[int, float]) -> float:
     return statistics.median(both) if both else 1.0
 
 
+def spells(records: Iterable[dict]) -> Iterator[tuple[int, int, dict]]:
+    """Each decode step of a trace as (K, steps since the change to that K or the last prefill, the
+    step's record): 0 for the first step after a change or a prefill."""
+    previous, since = None, 0
+    for r in records:
+        if r.get("kind") == "prefill":
+            previous = None
+        elif r.get("kind") == "step":
+            k = int(r["k"])
+            since = since + 1 if k == previous else 0
+            previous = k
+            yield k, since, r
+
+
 def in_situ(records: list[dict]) -> InSitu | None:
     """The run's own step times (None for a run without decode steps)."""
     steps = [r for r in records if r.get("kind") == "step"]
@@ -218,17 +232,10 @@ def in_situ(records: list[dict]) -> InSitu | None:
         return None
     by_k: dict[int, list[float]] = {}
     after_change: dict[int, int] = {}
-    previous, spell = None, 0
-    for r in records:
-        if r.get("kind") == "prefill":
-            previous = None
-        elif r.get("kind") == "step":
-            k = int(r["k"])
-            by_k.setdefault(k, []).append(float(r["verify_s"]))
-            spell = spell + 1 if k == previous else 0
-            if spell < AFTER_CHANGE:
-                after_change[k] = after_change.get(k, 0) + 1
-            previous = k
+    for k, since, step in spells(records):
+        by_k.setdefault(k, []).append(float(step["verify_s"]))
+        if since < AFTER_CHANGE:
+            after_change[k] = after_change.get(k, 0) + 1
     host = [float(s.get("host_s", 0.0)) for s in steps]
     gaps = [float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0)) for s in steps]
     return InSitu(int(steps[0].get("batch", 1)), {k: statistics.fmean(v) for k, v in by_k.items()},

@@ -1,5 +1,5 @@
 """Round 28's rule R8: the bench's priced regret with the K prices and switch cost taken two ways, beside what was
-measured.
+measured. (As run in round 28 it walked the traces itself; it now reads them with spdflow.costs.spells.)
 
 A bench-style run (benchmarks/policy_time.py's harness: one program, interleaved modes) of the given modes at one
 batch size, then the oracle of the run (as `spdflow bench` computes it) priced by `MeasuredSteps` (every step's mean
@@ -28,6 +28,7 @@ def main(argv):
     from spdflow.api import CostModel
     from spdflow.bench import BatchBench, compile_k_list, resolve_modes, run_order
     from spdflow.costs import MIN_STEPS, level_scale, measure_grid
+    from spdflow.costs import spells as spell_steps
     from spdflow.engine.run import NullUI
     from spdflow.oracle import MeasuredSteps, trace_oracle
     from spdflow.plugins import get_plugin_manager
@@ -37,17 +38,8 @@ def main(argv):
         name = "settled steps"
 
         def __init__(self, batch, traces, grid):
-            spells = []  # (k, index in its spell, verify_s) per step; a spell starts at a change of K or a prefill
-            for records in traces:
-                previous, index = None, 0
-                for r in records:
-                    if r.get("kind") == "prefill":
-                        previous = None
-                    elif r.get("kind") == "step":
-                        k = int(r["k"])
-                        index = index + 1 if k == previous else 0
-                        spells.append((k, index, float(r["verify_s"])))
-                        previous = k
+            # (k, index in its spell, verify_s) per step; a spell starts at a change of K or a prefill
+            spells = [(k, index, float(r["verify_s"])) for records in traces for k, index, r in spell_steps(records)]
             settled, every = {}, {}
             for k, index, v in spells:
                 every.setdefault(k, []).append(v)
