@@ -24,6 +24,10 @@ and max.
     python benchmarks/k_policy_replay.py --runs /tmp/kpr --set margin=0.1 # another setting
     python benchmarks/k_policy_replay.py --make-runs /tmp/kpr2 --seed 11  # other prompts (held out)
 
+The cost model's cautions (what ``spdflow whatif`` notes, e.g. a K the recorded run held only in short spells, priced
+at its slow steps after a change) are printed per cell as the replays run: at batch 1 on round 26's recordings,
+K = 0 for code and stdlib_tests (issue 23, round 28).
+
 Only whatif's priced figures are used; no figure here is a measured speed. ``--make-runs`` times
 every run's grids at ``--batch-sizes`` itself, one run at a time, so replays only read them and
 several can run at once; keep the machine otherwise quiet while it does.
@@ -152,6 +156,8 @@ def replay_all(runs: Path, policy: str, settings: dict, batch_sizes: list[int], 
         run, cost = load_for_replay(pm, run_dir, steady, noise)
         cells = results[run_dir.name] = {}
         for batch in batch_sizes:
+            for caution in cost.cautions(batch):  # e.g. a K the recorded run held only in short spells
+                print(f"{run_dir.name} b{batch}: caution: {caution}", file=sys.stderr, flush=True)
             regrets, efficiencies = [], []
             for seed in range(1, seeds + 1):
                 steady.rng = random.Random(f"{run_dir.name}:{batch}:{seed}")

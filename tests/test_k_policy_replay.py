@@ -58,6 +58,22 @@ def test_a_recorded_run_replays_under_steady_goodput(replay, tmp_path):
         assert all(0.0 < e <= 1.5 for e in cell["efficiency"])
 
 
+def test_the_replays_print_the_cost_models_cautions(replay, tmp_path, monkeypatch, capsys):
+    # e.g. a K the recorded run held only in short spells, priced at its slow steps after a change
+    record_code_run(tmp_path / "runs")
+    real = replay.load_for_replay
+
+    def cautious(*args):
+        run, cost = real(*args)
+        cost.cautions = lambda batch: [f"K=0 looks dear at batch {batch}"]
+        return run, cost
+
+    monkeypatch.setattr(replay, "load_for_replay", cautious)
+    replay.replay_all(tmp_path / "runs", "smallest_covering", {}, [1, 2], seeds=1, noise=0.0)
+    err = capsys.readouterr().err
+    assert "code b1: caution: K=0 looks dear at batch 1" in err and "code b2: caution: K=0 looks dear at batch 2" in err
+
+
 def test_make_runs_times_every_grid_before_any_replay(replay, tmp_path, monkeypatch):
     # Replays started together once timed each other's load into the grids they priced with:
     # the grids are timed when the runs are made, one run at a time, at every batch size.
