@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from spdflow.api import CostModel, ProposeInput, Request
-from spdflow.costs import MIN_STEPS, level_scale
+from spdflow.costs import MIN_STEPS, level_scale, spells
 from spdflow.errors import UsageError
 
 
@@ -591,15 +591,7 @@ def priced_decode_s(records: Sequence[dict], prices: StepPrices) -> float:
     prefill came between). The run's own host and proposer times are not used: priced alike, no
     schedule can beat the oracle's by luck of timing (a policy's own overhead is in its measured
     tokens/s)."""
-    total, previous = 0.0, AFTER_PREFILL
-    for r in records:
-        if r.get("kind") == "prefill":
-            previous = AFTER_PREFILL
-        elif r.get("kind") == "step":
-            k = int(r["k"])
-            total += prices.step[k] + (prices.switch if k != previous else 0.0)
-            previous = k
-    return total
+    return sum(prices.step[k] + (prices.switch if since == 0 else 0.0) for k, since, _ in spells(records))
 
 
 @dataclass
