@@ -453,8 +453,13 @@ def replay(pm, run: RunData, scenario: Scenario, cost: CostModel) -> Prediction:
     if charged is not None:
         notes.append(f"proposer time: {per_call * 1e3:.3f} ms per call, as the cost model says (not what the "
                      "proposer took in this replay)")
-    cautions = getattr(cost, "cautions", None)
-    notes += cautions(rows) if cautions is not None else []
+    cautions = cost.cautions(rows)
+    if not isinstance(cautions, list) or not all(isinstance(c, str) for c in cautions):
+        from spdflow.errors import PluginError
+
+        raise PluginError(f"cost model '{cost.name}' returned {type(cautions).__name__} from cautions({rows}); "
+                          "it must return a list of sentences (str)")
+    notes += cautions
     return Prediction(scenario, figures, exact and identical, notes, identical)
 
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from spdflow.cli import cli
-from spdflow.errors import RunDataError, TraceVersionError
+from spdflow.errors import PluginError, RunDataError, TraceVersionError
 from spdflow.plugins import get_plugin_manager
 from spdflow.testing.fixtures import CODE_PROMPTS, run_in_process, tiny_recipe, write_recipe
 from spdflow.whatif import Scenario, load_run, make_cost_model, own_figures, own_scenario, replay
@@ -348,6 +348,9 @@ def test_measured_cautions_where_a_k_s_own_price_is_mostly_steps_after_a_change(
     prediction = replay(pm, run, own_scenario(run), cost)
     assert cautions[0] in prediction.notes
     assert make_cost_model(pm, run, "measured", {"in_situ": False}).cautions(batch) == []
+    cost.cautions = lambda batch: "K=0 looks dear"  # a plugin's slip: not a list of sentences
+    with pytest.raises(PluginError, match=rf"returned str from cautions\({batch}\); it must return a list of sentences"):
+        replay(pm, run, own_scenario(run), cost)
 
 
 def test_charge_host_moves_wall_and_rates_with_the_host_time():
