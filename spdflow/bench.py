@@ -598,7 +598,7 @@ def add_oracle(pm, bench: BatchBench, rows: list[dict], runs: list[ModeRun], pro
                         config.full_batch_size is not None, gap_s=statistics.median(gaps) if gaps else 0.0)
     cost = MeasuredSteps(bench.batch_size, traces, grid)
     oracle = trace_oracle(pm, bench.engine, bench.info, bench.requests, bench.baseline, ks, bench.batch_size,
-                          config.full_batch_size is not None, traces, cost)
+                          config.full_batch_size is not None, traces, cost, static=static_traces(runs))
     progress(f"batch {bench.batch_size}: {oracle.label} {oracle.oracle_tokens_per_s:.1f} tok/s "
              f"(priced; computed in {oracle.seconds:.1f} s)")
     for row in policy_rows:
@@ -608,6 +608,18 @@ def add_oracle(pm, bench: BatchBench, rows: list[dict], runs: list[ModeRun], pro
         row["oracle_tokens_per_s"] = oracle.oracle_tokens_per_s
         row["oracle_exact"] = oracle.found.exact
         row["oracle_detail"] = oracle.to_json()
+
+
+def static_traces(runs: Sequence[ModeRun]) -> dict[int, list[list[dict]]]:
+    """The traces of the static runs per K: no-spec's for K = 0, each ``fixed:<K>``'s for K (what
+    the bench's oracle prices a step's host and proposer time from, :func:`spdflow.oracle.step_overheads`)."""
+    static: dict[int, list[list[dict]]] = {}
+    for run in runs:
+        if run.role == BASELINE:
+            static.setdefault(0, []).append(run.records)
+        elif run.mode.startswith(FIXED_PREFIX) and run.mode.removeprefix(FIXED_PREFIX).isdigit():
+            static.setdefault(int(run.mode.removeprefix(FIXED_PREFIX)), []).append(run.records)
+    return static
 
 
 def peer_work_dir(recipe) -> Path:

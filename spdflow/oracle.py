@@ -132,6 +132,9 @@ class StepPrices:
 
     step: dict[int, float]
     switch: float
+    #: a recorded K = 0 step whose proposer ran (a policy drafted, then verified none of it): it pays
+    #: the drafting step's host and proposer work, not a no-spec step's (None: ``step[0]``)
+    zero_drafting: float | None = None
 
 
 @dataclass
@@ -591,7 +594,9 @@ def priced_decode_s(records: Sequence[dict], prices: StepPrices) -> float:
     prefill came between). The run's own host and proposer times are not used: priced alike, no
     schedule can beat the oracle's by luck of timing (a policy's own overhead is in its measured
     tokens/s)."""
-    return sum(prices.step[k] + (prices.switch if since == 0 else 0.0) for k, since, _ in spells(records))
+    drafted = prices.zero_drafting
+    return sum((drafted if k == 0 and drafted is not None and float(r.get("propose_s", 0.0)) > 0 else prices.step[k])
+               + (prices.switch if since == 0 else 0.0) for k, since, r in spells(records))
 
 
 @dataclass
@@ -644,22 +649,55 @@ class TraceOracle:
                 "cost": self.cost.describe(), "oracle_seconds": self.seconds}
 
 
+def step_overheads(traces: Sequence[Sequence[dict]], ks: Sequence[int],
+                   static: dict[int, Sequence[Sequence[dict]]] | None = None) -> dict[int, float]:
+    """Host and proposer seconds a decode step at each K costs outside its verify run.
+
+    From ``static`` (per K, the traces of runs that held that K: no-spec for K = 0, fixed K for
+    K > 0) where it has :data:`MIN_STEPS` steps at K: their mean host plus proposer time per
+    step, as ``spdflow whatif``'s oracle charges (:func:`oracle_report`). Otherwise from every
+    step of ``traces``: K = 0 their mean host time over the steps whose proposer did not run
+    (any step, with fewer of those), K > 0 over the steps whose proposer ran (any step, with
+    fewer), plus the mean proposer time per drafting step. A step without the proposer does less
+    host work: on synthetic 0.3 at batch 4 goodput's took 0.16 ms against 0.31 with it (issue 23,
+    round 29), and one mean for every K priced no-spec's steps at the drafting ones' host work."""
+    steps = [s for records in traces for s in _steps(records)]
+
+    def mean_host(of: list[dict]) -> float:
+        return statistics.fmean(float(s.get("host_s", 0.0)) for s in of) if of else 0.0
+
+    drafting = [s for s in steps if float(s.get("propose_s", 0.0)) > 0]
+    idle = [s for s in steps if float(s.get("propose_s", 0.0)) <= 0]
+    propose = statistics.fmean(float(s["propose_s"]) for s in drafting) if drafting else 0.0
+    overhead = {}
+    for k in sorted(set(ks)):
+        held = [s for records in (static or {}).get(k, ()) for s in _steps(records) if int(s["k"]) == k]
+        if len(held) >= MIN_STEPS:
+            overhead[k] = statistics.fmean(float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0)) for s in held)
+        elif k == 0:
+            overhead[k] = mean_host(idle if len(idle) >= MIN_STEPS else steps)
+        else:
+            overhead[k] = mean_host(drafting if len(drafting) >= MIN_STEPS else steps) + propose
+    return overhead
+
+
 def trace_oracle(pm, engine, info, requests, outputs: dict, ks: Sequence[int], rows: int, continuous: bool,
-                 traces: Sequence[Sequence[dict]], cost: CostModel, width: int = DEFAULT_WIDTH) -> TraceOracle:
+                 traces: Sequence[Sequence[dict]], cost: CostModel, width: int = DEFAULT_WIDTH,
+                 static: dict[int, Sequence[Sequence[dict]]] | None = None) -> TraceOracle:
     """The oracle of a greedy workload whose tokens are ``outputs`` over the K-list ``ks`` (no-spec
     among the static choices only when it holds 0), priced like its recorded ``traces`` (one or
-    more generations at batch ``rows``): verify runs by ``cost``, and per
-    step the traces' mean host time, plus their mean proposer time per drafting step at K > 0
-    (an oracle step at K = 0 drafts nothing); the time outside the steps (prefills) is the
-    traces' median. ``engine`` makes the proposer (:func:`lengths_for`)."""
+    more generations at batch ``rows``): verify runs by ``cost``, and per step at K the host and
+    proposer time of :func:`step_overheads` (from ``static``, the static runs' traces per K, where
+    given; an oracle step at K = 0 drafts nothing); a recorded K = 0 step whose proposer ran pays the
+    smallest K > 0's (:attr:`StepPrices.zero_drafting`); the time outside the steps (prefills) is
+    the traces' median. ``engine`` makes the proposer (:func:`lengths_for`)."""
     started = time.perf_counter()
     ks = sorted(set(ks))
     lengths, _, _ = lengths_for(pm, engine, info, requests, outputs, ks)
-    steps = [s for records in traces for s in _steps(records)]
-    host = statistics.fmean(float(s.get("host_s", 0.0)) for s in steps) if steps else 0.0
-    drafting = [float(s["propose_s"]) for s in steps if float(s.get("propose_s", 0.0)) > 0]
-    propose = statistics.fmean(drafting) if drafting else 0.0
-    prices = StepPrices({k: cost.verify_s(rows, k) + host + (propose if k else 0.0) for k in ks}, cost.switch_s(rows))
+    overhead = step_overheads(traces, ks, static)
+    drafting = [k for k in ks if k > 0]
+    zero_drafting = cost.verify_s(rows, 0) + overhead[drafting[0]] if 0 in ks and drafting else None
+    prices = StepPrices({k: cost.verify_s(rows, k) + overhead[k] for k in ks}, cost.switch_s(rows), zero_drafting)
     ms = [lengths[r.index] for r in requests]
     ns = [len(outputs[r.index]) for r in requests]
     found = batch_schedule(ms, ns, rows, continuous, ks, prices, width)

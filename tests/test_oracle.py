@@ -360,6 +360,55 @@ def test_a_recorded_schedule_is_priced_like_an_oracle_step_not_by_its_own_timing
     assert AFTER_PREFILL not in prices.step
 
 
+def test_a_recorded_k0_step_that_drafted_pays_a_drafting_steps_work():
+    from spdflow.oracle import StepPrices, priced_decode_s
+
+    prices = StepPrices({0: 1.0, 2: 1.5}, switch=0.0, zero_drafting=1.25)
+    steps = [{"kind": "step", "k": 0, "verify_s": 9.0, "host_s": 0.0, "propose_s": p} for p in (0.0, 0.3, 0.0)]
+    # the skipped steps cost step[0]; the one whose proposer ran (then verified none of it) zero_drafting
+    assert priced_decode_s(steps, prices) == pytest.approx(1.0 + 1.25 + 1.0)
+    assert priced_decode_s(steps, StepPrices({0: 1.0, 2: 1.5}, switch=0.0)) == pytest.approx(3.0)
+
+
+def _step(k, host, propose=0.0):
+    return {"kind": "step", "k": k, "verify_s": 1.0, "host_s": host, "propose_s": propose}
+
+
+def test_step_overheads_come_from_the_static_runs_of_each_k():
+    """A step's host and proposer time outside its verify run, per K: the static runs' own (no-spec
+    for K = 0, fixed K for K > 0) where they have 5 steps at K; else the traces' steps that did (K > 0)
+    or did not (K = 0) run the proposer. One mean of every step priced no-spec at drafting steps'
+    host work (issue 23, round 29)."""
+    from spdflow.oracle import step_overheads
+
+    nospec = [[_step(0, 0.1)] * 6]
+    fixed2 = [[_step(2, 0.3, 0.05)] * 6]
+    policy = [[_step(2, 0.5, 0.05)] * 6 + [_step(0, 0.2)] * 6]
+    traces = nospec + fixed2 + policy
+    got = step_overheads(traces, [0, 2, 4], {0: nospec, 2: fixed2})
+    assert got[0] == pytest.approx(0.1) and got[2] == pytest.approx(0.35)
+    # K = 4 has no static run: the steps that ran the proposer (fixed 2's and the policy's K = 2 ones)
+    assert got[4] == pytest.approx((6 * 0.3 + 6 * 0.5) / 12 + 0.05)
+    # no static runs at all: K = 0 from the steps without the proposer, not the mean of every step
+    alone = step_overheads(policy, [0, 2])
+    assert alone[0] == pytest.approx(0.2) and alone[2] == pytest.approx(0.55)
+    # too few steps of either kind: every step's mean, as before
+    few = step_overheads([[_step(2, 0.5, 0.05)] * 3 + [_step(0, 0.2)] * 3], [0, 2])
+    assert few[0] == pytest.approx(0.35) and few[2] == pytest.approx(0.35 + 0.05)
+
+
+def test_the_bench_hands_the_oracle_its_static_runs_per_k():
+    from spdflow.bench import BASELINE, ONE_K, VARK, ModeRun, static_traces
+
+    def run(mode, role, marker):
+        return ModeRun(mode, 1, 0, None, {}, 0.0, 0.0, role, [{"marker": marker}])
+
+    runs = [run("nospec", BASELINE, "n"), run("fixed:2", ONE_K, "f2"), run("fixed:7", ONE_K, "f7"),
+            run("varK:goodput", VARK, "g"), run("nospec", BASELINE, "n2")]
+    got = static_traces(runs)
+    assert {k: [t[0]["marker"] for t in v] for k, v in got.items()} == {0: ["n", "n2"], 2: ["f2"], 7: ["f7"]}
+
+
 def test_the_oracle_sees_the_synthetic_proposer_the_run_saw():
     """The synthetic proposer's draws belong to positions, so the oracle's one-token-at-a-time
     pass finds the same matches for every budget: a proposal of 2 there is the proposal of 7 cut
