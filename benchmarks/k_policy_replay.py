@@ -10,7 +10,8 @@ policy's regret against the best static choice is reported per workload and batc
 ``goodput`` learns from the step times it observes, and in a replay those include this
 machine's real host and proposer time, so its choices (and the regret) move with the load. The
 harness therefore runs it as ``goodput-steady``: goodput itself, but each step's host and
-proposer time are the recorded run's means, times a seeded log-normal noise
+proposer time are the recorded run's means (host time apart for steps with and without the proposer,
+since round 29 of issue 23), times a seeded log-normal noise
 (``--noise``, default 0.2; verify times get half of it) — repeatable, and each seed is a
 different plausible machine. The priced figures of every replay (the policy's, no-spec's, each
 fixed K's, and so the oracle's) charge each proposer call the recorded run's mean too
@@ -98,14 +99,17 @@ def steady_plugin(settings: dict):
 
     class Steady(Goodput):
         name = "goodput-steady"
-        host_s = 0.0
+        host_s = 0.0  # the recorded steps' mean host time
+        idle_host_s = 0.0  # ... of the steps that did not run the proposer, and of those that did
+        busy_host_s = 0.0
         propose_s = 0.0
         noise = 0.0
         rng = random.Random(0)
 
         def observe(self, outcome):
             cls, draw = type(self), type(self).rng.lognormvariate
-            host, propose, verify = cls.host_s, cls.propose_s, outcome.verify_s
+            host = cls.busy_host_s if outcome.propose_s > 0 else cls.idle_host_s
+            propose, verify = cls.propose_s, outcome.verify_s
             if cls.noise:
                 host *= draw(0, cls.noise)
                 propose *= draw(0, cls.noise)
@@ -129,6 +133,18 @@ def run_means(run_dir: Path) -> tuple[float, float]:
     return statistics.fmean(s["host_s"] for s in steps), statistics.fmean(calls) if calls else 0.0
 
 
+def host_means(run_dir: Path) -> tuple[float, float]:
+    """Mean host seconds of the recorded run's steps that did not run the proposer and of those that
+    did; either is the mean of every step where the run has fewer than 5 of its kind. A step
+    without the proposer does about half the host work (issue 23, round 29), and fed one mean for
+    both, goodput learned skipping's host time from drafting steps."""
+    steps = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if '"kind": "step"' in line]
+    every = statistics.fmean(s["host_s"] for s in steps)
+    idle = [s["host_s"] for s in steps if s["propose_s"] <= 0]
+    busy = [s["host_s"] for s in steps if s["propose_s"] > 0]
+    return (statistics.fmean(idle) if len(idle) >= 5 else every), (statistics.fmean(busy) if len(busy) >= 5 else every)
+
+
 def load_for_replay(pm, run_dir: Path, steady, noise: float):
     """The recorded run and its measured cost model, with ``steady`` (a :func:`steady_plugin`
     class) fed the run's mean host and proposer time under ``noise``, and the proposer priced at
@@ -138,6 +154,7 @@ def load_for_replay(pm, run_dir: Path, steady, noise: float):
     run = wi.load_run(run_dir, pm)
     cost = wi.make_cost_model(pm, run, "measured")
     steady.host_s, steady.propose_s = run_means(run_dir)
+    steady.idle_host_s, steady.busy_host_s = host_means(run_dir)
     cost.propose_per_call_s = steady.propose_s
     steady.noise = noise
     return run, cost

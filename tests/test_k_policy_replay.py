@@ -21,14 +21,16 @@ def test_steady_goodput_sees_the_recorded_means_not_the_replays_timings(replay):
     from spdflow_decoding import GoodputConfig
 
     _, steady = replay.steady_plugin({})
-    steady.host_s, steady.propose_s, steady.noise = 0.002, 0.001, 0.0
+    steady.idle_host_s, steady.busy_host_s, steady.propose_s, steady.noise = 0.0015, 0.002, 0.001, 0.0
     policy = steady(GoodputConfig())
     policy.start([0, 2, 4], 1, None)
     policy.propose_budget(4, StepContext((10,), 0, 1, (0,)))
     policy.choose_k([4], [0, 2, 4])
     policy.observe(StepOutcome(4, (4,), (4,), 0.5, 0.123, 0.456))
-    assert policy.costs.host_s[4] == pytest.approx(0.002)
+    assert policy.costs.host_s[4] == pytest.approx(0.002)  # a step that ran the proposer: the drafting steps' mean
     assert policy.costs.propose_s == pytest.approx(0.001)
+    policy.observe(StepOutcome(0, (0,), (0,), 0.5, 0.0, 0.456))
+    assert policy.costs.host_s[0] == pytest.approx(0.002 + 0.05 * (0.0015 - 0.002))  # one without it: theirs
     # with noise, each seed is its own repeatable machine
     steady.noise = 0.2
     draws = []
@@ -38,7 +40,19 @@ def test_steady_goodput_sees_the_recorded_means_not_the_replays_timings(replay):
         policy.start([0, 2, 4], 1, None)
         policy.observe(StepOutcome(0, (0,), (0,), 0.5, 0.0, 0.456))
         draws.append(policy.costs.host_s[0])
-    assert draws[0] == draws[1] != 0.002
+    assert draws[0] == draws[1] != 0.0015
+
+
+def test_host_means_keep_steps_with_and_without_the_proposer_apart(replay, tmp_path):
+    import json
+
+    steps = [{"kind": "step", "k": 0, "host_s": 0.1, "propose_s": 0.0}] * 6 + \
+            [{"kind": "step", "k": 2, "host_s": 0.3, "propose_s": 0.01}] * 6
+    (tmp_path / "trace.jsonl").write_text("\n".join(json.dumps(s) for s in steps))
+    assert replay.host_means(tmp_path) == pytest.approx((0.1, 0.3))
+    # fewer than 5 of a kind: the mean of every step for that kind
+    (tmp_path / "trace.jsonl").write_text("\n".join(json.dumps(s) for s in steps[4:]))
+    assert replay.host_means(tmp_path) == pytest.approx(((2 * 0.1 + 6 * 0.3) / 8, 0.3))
 
 
 def test_the_table_marks_cells_below_the_line(replay):
