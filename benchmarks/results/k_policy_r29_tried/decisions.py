@@ -1,3 +1,7 @@
+"""Round 29: goodput's recorded calls driven again with GoodputConfig fields (e.g. split_host=true), counting its
+choose_k answers by K and its proposer budgets of 0 against the recorded ones (after the first differing decision the
+drive leaves the recorded path, so the counts are indicative). From the repository root:
+    python benchmarks/results/k_policy_r29_tried/decisions.py split_host=true CALLS.pkl ..."""
 import sys, collections
 sys.path.insert(0, "benchmarks")
 from recorded_calls import load_calls, load_goodput, drive
