@@ -126,23 +126,27 @@ def steady_plugin(settings: dict):
     return Plugin(), Steady
 
 
-def run_means(run_dir: Path) -> tuple[float, float]:
+def recorded_steps(run_dir: Path) -> list[dict]:
+    """The decode steps of a recorded run's trace."""
+    return [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if '"kind": "step"' in line]
+
+
+def run_means(run_dir: Path, steps: list[dict] | None = None) -> tuple[float, float]:
     """Mean host seconds per step and proposer seconds per call of the recorded run."""
-    steps = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if '"kind": "step"' in line]
+    steps = recorded_steps(run_dir) if steps is None else steps
     calls = [s["propose_s"] for s in steps if s["propose_s"] > 0]
     return statistics.fmean(s["host_s"] for s in steps), statistics.fmean(calls) if calls else 0.0
 
 
-def host_means(run_dir: Path) -> tuple[float, float]:
+def host_means(run_dir: Path, steps: list[dict] | None = None) -> tuple[float, float]:
     """Mean host seconds of the recorded run's steps that did not run the proposer and of those that
-    did; either is the mean of every step where the run has fewer than 5 of its kind. A step
-    without the proposer does about half the host work (issue 23, round 29), and fed one mean for
-    both, goodput learned skipping's host time from drafting steps."""
-    steps = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if '"kind": "step"' in line]
-    every = statistics.fmean(s["host_s"] for s in steps)
-    idle = [s["host_s"] for s in steps if s["propose_s"] <= 0]
-    busy = [s["host_s"] for s in steps if s["propose_s"] > 0]
-    return (statistics.fmean(idle) if len(idle) >= 5 else every), (statistics.fmean(busy) if len(busy) >= 5 else every)
+    did, as the bench's oracle splits them (:func:`spdflow.oracle.host_apart`: either is the mean of
+    every step where the run has fewer than 5 of its kind). Fed one mean for both, goodput learned
+    skipping's host time from drafting steps (issue 23, round 29)."""
+    from spdflow.oracle import host_apart
+
+    idle, busy, _ = host_apart(recorded_steps(run_dir) if steps is None else steps)
+    return idle, busy
 
 
 def load_for_replay(pm, run_dir: Path, steady, noise: float):
@@ -153,8 +157,9 @@ def load_for_replay(pm, run_dir: Path, steady, noise: float):
 
     run = wi.load_run(run_dir, pm)
     cost = wi.make_cost_model(pm, run, "measured")
-    steady.host_s, steady.propose_s = run_means(run_dir)
-    steady.idle_host_s, steady.busy_host_s = host_means(run_dir)
+    steps = recorded_steps(run_dir)  # read once for both
+    steady.host_s, steady.propose_s = run_means(run_dir, steps)
+    steady.idle_host_s, steady.busy_host_s = host_means(run_dir, steps)
     cost.propose_per_call_s = steady.propose_s
     steady.noise = noise
     return run, cost

@@ -649,6 +649,22 @@ class TraceOracle:
                 "cost": self.cost.describe(), "oracle_seconds": self.seconds}
 
 
+def host_apart(steps: Sequence[dict]) -> tuple[float, float, float]:
+    """Mean host seconds of the decode ``steps`` whose proposer did not run and of those whose proposer
+    ran (either the mean of every step where fewer than :data:`MIN_STEPS` are of its kind), and the
+    mean proposer seconds per drafting step. A step without the proposer does less host work: on
+    synthetic 0.3 at batch 4 goodput's took 0.16 ms against 0.31 with it (issue 23, round 29)."""
+
+    def mean_host(of: Sequence[dict]) -> float:
+        return statistics.fmean(float(s.get("host_s", 0.0)) for s in of) if of else 0.0
+
+    drafting = [s for s in steps if float(s.get("propose_s", 0.0)) > 0]
+    idle = [s for s in steps if float(s.get("propose_s", 0.0)) <= 0]
+    propose = statistics.fmean(float(s["propose_s"]) for s in drafting) if drafting else 0.0
+    return (mean_host(idle if len(idle) >= MIN_STEPS else steps),
+            mean_host(drafting if len(drafting) >= MIN_STEPS else steps), propose)
+
+
 def step_overheads(traces: Sequence[Sequence[dict]], ks: Sequence[int],
                    static: dict[int, Sequence[Sequence[dict]]] | None = None) -> dict[int, float]:
     """Host and proposer seconds a decode step at each K costs outside its verify run.
@@ -656,28 +672,17 @@ def step_overheads(traces: Sequence[Sequence[dict]], ks: Sequence[int],
     From ``static`` (per K, the traces of runs that held that K: no-spec for K = 0, fixed K for
     K > 0) where it has :data:`MIN_STEPS` steps at K: their mean host plus proposer time per
     step, as ``spdflow whatif``'s oracle charges (:func:`oracle_report`). Otherwise from every
-    step of ``traces``: K = 0 their mean host time over the steps whose proposer did not run
-    (any step, with fewer of those), K > 0 over the steps whose proposer ran (any step, with
-    fewer), plus the mean proposer time per drafting step. A step without the proposer does less
-    host work: on synthetic 0.3 at batch 4 goodput's took 0.16 ms against 0.31 with it (issue 23,
-    round 29), and one mean for every K priced no-spec's steps at the drafting ones' host work."""
-    steps = [s for records in traces for s in _steps(records)]
-
-    def mean_host(of: list[dict]) -> float:
-        return statistics.fmean(float(s.get("host_s", 0.0)) for s in of) if of else 0.0
-
-    drafting = [s for s in steps if float(s.get("propose_s", 0.0)) > 0]
-    idle = [s for s in steps if float(s.get("propose_s", 0.0)) <= 0]
-    propose = statistics.fmean(float(s["propose_s"]) for s in drafting) if drafting else 0.0
+    step of ``traces`` (:func:`host_apart`): K = 0 the host time of the steps whose proposer did not
+    run, K > 0 of those whose proposer ran plus the mean proposer time per drafting step. One mean
+    of every step for every K priced no-spec's steps at the drafting ones' host work."""
+    idle, busy, propose = host_apart([s for records in traces for s in _steps(records)])
     overhead = {}
     for k in sorted(set(ks)):
         held = [s for records in (static or {}).get(k, ()) for s in _steps(records) if int(s["k"]) == k]
         if len(held) >= MIN_STEPS:
             overhead[k] = statistics.fmean(float(s.get("host_s", 0.0)) + float(s.get("propose_s", 0.0)) for s in held)
-        elif k == 0:
-            overhead[k] = mean_host(idle if len(idle) >= MIN_STEPS else steps)
         else:
-            overhead[k] = mean_host(drafting if len(drafting) >= MIN_STEPS else steps) + propose
+            overhead[k] = idle if k == 0 else busy + propose
     return overhead
 
 
