@@ -113,6 +113,32 @@ def summary(result: dict) -> list[str]:
     return lines
 
 
+def pool(out: Path) -> int:
+    """Per cell and variant, the median over every process's repeats of tok/s ÷ goodput's in the same repeat,
+    with each process's median; then each variant's geometric mean over the cells and its cells at or above 1.00."""
+    cells: dict[tuple, list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        result = json.loads(path.read_text())
+        cells.setdefault((result["cell"], result["batch"]), []).append(result)
+    print("| cell | variant | paired, pooled | per process |")
+    print("|---|---|---|---|")
+    by_variant: dict[str, list[float]] = {}
+    for (cell, batch), results in cells.items():
+        for row in results[0]["runs"]:
+            if row == results[0]["base"]:
+                continue
+            each = [[r["runs"][row][k]["tok_s"] / r["runs"][r["base"]][k]["tok_s"] for k in r["runs"][row]]
+                    for r in results]
+            pooled = statistics.median([x for ratios in each for x in ratios])
+            by_variant.setdefault(row, []).append(pooled)
+            print(f"| {cell} b{batch} | {row} | {pooled:.3f} | {', '.join(f'{statistics.median(e):.3f}' for e in each)} |")
+    print()
+    for row, values in by_variant.items():
+        print(f"{row}: geometric mean {statistics.geometric_mean(values):.4f} over {len(values)} cells, "
+              f"{sum(v >= 1.0 for v in values)} at or above 1.00")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", required=True, help="comma-separated WORKLOAD:BATCH, workloads: " + ", ".join(CELLS))
@@ -121,7 +147,10 @@ def main(argv=None) -> int:
     parser.add_argument("--count", type=int, default=16)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tag", default="p1")
+    parser.add_argument("--pool", action="store_true", help="run nothing: pool the JSON in --out over its processes")
     args = parser.parse_args(argv)
+    if args.pool:
+        return pool(args.out)
     variants = [parse_variant(v) for v in args.variant]
     import spdflow.plugins as plugins
 
