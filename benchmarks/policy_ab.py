@@ -6,7 +6,7 @@ or more runs. To judge a change to goodput only goodput and the variant need to 
 bench session per cell (WORKLOAD:BATCH, the workloads of ``k_policy_tables.py``). Register goodput a second time
 with no fields (``--variant goodput_aa=``) and the same runs measure an A/A: what the design shows when nothing
 differs. In issue 23's round 30, 12 repeats in each of two processes gave the A/A's pooled paired ratios of 0.975–1.038
-a cell and geometric means over 6 to 11 cells of 0.997–1.001.
+a cell and geometric means over 6 to 11 cells of 0.997–1.008 (six A/Bs).
 
 A variant is ``NAME=[FIELD=VALUE;...][@FILE]``: goodput with those ``GoodputConfig`` fields (JSON values), built from
 goodput's own module, or with ``@FILE`` from that goodput.py loaded as a module of its own (round 30 found no cost
