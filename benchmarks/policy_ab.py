@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from k_policy_tables import WORKLOADS  # noqa: E402
+from policy_time import plugin_added  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict, str | None]:
@@ -202,28 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bad field is pydantic's ValidationError
         print(f"policy_ab: {exc}", file=sys.stderr)
         return 2
-    import spdflow.plugins as plugins
-
-    original = plugins.get_plugin_manager
-
-    def with_variants(*a, **k):
-        pm = original(*a, **k)
-        pm.add_plugin(plugin, "policy-ab-variants", version="1.0")
-        return pm
-
-    plugins.get_plugin_manager = with_variants
     modes = ["goodput", *[name for name, _, _ in variants]]
     args.out.mkdir(parents=True, exist_ok=True)
     lines, identical = [], True
-    try:
+    with plugin_added(plugin, "policy-ab-variants"):
         for workload, batch in cells:
             result = run_cell(workload, batch, modes, args.repeats, args.count)
             (args.out / f"{workload}_b{batch}.{args.tag}.json").write_text(json.dumps(result, indent=1))
             identical = identical and result["identical"]
             lines += summary(result)
             print("\n".join(lines[-len(variants):]), flush=True)
-    finally:
-        plugins.get_plugin_manager = original
     print("\n| cell | variant | tok/s ÷ goodput, paired (range) | host ms − goodput | steps (variant / goodput) |")
     print("|---|---|---|---|---|")
     print("\n".join(lines))

@@ -26,6 +26,7 @@ the same repeat) give what that work costs the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -118,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["same"] for runs in per_mode.values() for r in runs) else 1
 
 
-def main_with(plugin, name: str, argv: list[str] | None = None) -> int:
-    """:func:`main` with one more plugin registered under ``name`` (e.g. K policies made for a probe)."""
+@contextlib.contextmanager
+def plugin_added(plugin, name: str):
+    """While inside: every plugin manager made by ``spdflow.plugins.get_plugin_manager`` also has ``plugin``
+    (registered under ``name``), e.g. K policies made for a probe or an A/B."""
     import spdflow.plugins as plugins
 
     original = plugins.get_plugin_manager
@@ -129,11 +132,17 @@ def main_with(plugin, name: str, argv: list[str] | None = None) -> int:
         pm.add_plugin(plugin, name, version="1.0")
         return pm
 
-    plugins.get_plugin_manager = with_plugin  # main() looks it up when it runs
+    plugins.get_plugin_manager = with_plugin  # looked up where a manager is made
     try:
-        return main(argv)
+        yield
     finally:
         plugins.get_plugin_manager = original
+
+
+def main_with(plugin, name: str, argv: list[str] | None = None) -> int:
+    """:func:`main` with one more plugin registered under ``name`` (:func:`plugin_added`)."""
+    with plugin_added(plugin, name):
+        return main(argv)
 
 
 if __name__ == "__main__":

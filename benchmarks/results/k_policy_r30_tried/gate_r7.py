@@ -2,6 +2,8 @@
     python benchmarks/results/k_policy_r30_tried/gate_r7.py DIR [DIR ...] VARIANT_ROW"""
 import json, statistics, sys
 from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from policy_ab import paired
 *dirs, row = sys.argv[1:]
 ACT = [("code", 4), ("code", 8), ("stdlib_tests", 4), ("stdlib_tests", 8), ("thirdparty", 4), ("thirdparty", 8)]
 SAFE = [("rare", 4), ("rare", 8), ("synthetic_0.3", 1), ("synthetic_0.3", 4), ("synthetic_0.3", 8)]
@@ -12,8 +14,7 @@ for d in dirs:
         r = json.loads(path.read_text())
         cells.setdefault((ALIAS.get(r["cell"], r["cell"]), r["batch"]), []).append(r)
 def pooled(cell, name):
-    return statistics.median([r["runs"][name][k]["tok_s"] / r["runs"][r["base"]][k]["tok_s"]
-                              for r in cells[cell] for k in r["runs"][name]])
+    return statistics.median([x for r in cells[cell] for x in paired(r, name)])
 act = [pooled(c, row) for c in ACT]; act_aa = [pooled(c, "varK:goodput_aa") for c in ACT]
 safe = [pooled(c, row) for c in SAFE]
 g, g_aa, g_safe = (statistics.geometric_mean(v) for v in (act, act_aa, safe))
