@@ -1,28 +1,9 @@
-"""Round 31 R3: round 30 R7/R8/R9's live gate with synthetic 0.3 b2 added on a folder of policy_ab.py JSON (any number of processes):
+"""R3's and R4's live gate: round 30's gate_r7.py with synthetic 0.3 b2 among the cells where skipping is right.
     python benchmarks/results/k_policy_r31_tried/gate_r3.py DIR [DIR ...] VARIANT_ROW"""
-import json, statistics, sys
+import sys
 from pathlib import Path
-sys.path.insert(0, "benchmarks")
-from policy_ab import paired
-*dirs, row = sys.argv[1:]
-ACT = [("code", 4), ("code", 8), ("stdlib_tests", 4), ("stdlib_tests", 8), ("thirdparty", 4), ("thirdparty", 8)]
-SAFE = [("rare", 4), ("rare", 8), ("synthetic_0.3", 1), ("synthetic_0.3", 2), ("synthetic_0.3", 4), ("synthetic_0.3", 8)]
-ALIAS = {"stdlib": "stdlib_tests", "syn03": "synthetic_0.3"}
-cells = {}
-for d in dirs:
-    for path in Path(d).glob("*.json"):
-        r = json.loads(path.read_text())
-        cells.setdefault((ALIAS.get(r["cell"], r["cell"]), r["batch"]), []).append(r)
-def pooled(cell, name):
-    return statistics.median([x for r in cells[cell] for x in paired(r, name)])
-act = [pooled(c, row) for c in ACT]; act_aa = [pooled(c, "varK:goodput_aa") for c in ACT]
-safe = [pooled(c, row) for c in SAFE]
-g, g_aa, g_safe = (statistics.geometric_mean(v) for v in (act, act_aa, safe))
-ok_act = g >= 1.010 and sum(v >= 1.0 for v in act) >= 4 and g > g_aa
-ok_safe = min(safe) >= 0.985 and g_safe >= 0.995
-print(f"processes per cell: {sorted({len(v) for v in cells.values()})}")
-print("prompt lookup: " + ", ".join(f"{c[0]} b{c[1]} {v:.3f}" for c, v in zip(ACT, act)))
-print(f"  geometric mean {g:.4f} (A/A {g_aa:.4f}), {sum(v >= 1.0 for v in act)} of 6 at or above 1.00: {'pass' if ok_act else 'FAIL'}")
-print("where skipping is right: " + ", ".join(f"{c[0]} b{c[1]} {v:.3f}" for c, v in zip(SAFE, safe)))
-print(f"  geometric mean {g_safe:.4f}, lowest {min(safe):.3f}: {'pass' if ok_safe else 'FAIL'}")
-print("gate:", "PASS" if ok_act and ok_safe else "FAIL")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gate_r7_module import gate_r7
+
+gate_r7.main(sys.argv[1:], safe=[("rare", 4), ("rare", 8), ("synthetic_0.3", 1), ("synthetic_0.3", 2),
+                                 ("synthetic_0.3", 4), ("synthetic_0.3", 8)])
