@@ -134,13 +134,20 @@ def summary(result: dict) -> list[str]:
     return lines
 
 
+def load_results(*folders: Path) -> dict[tuple[str, int], list[dict]]:
+    """(workload, batch) -> the result of every process in ``folders`` (their ``*.json``)."""
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.json")):
+            result = json.loads(path.read_text())
+            cells.setdefault((result["cell"], result["batch"]), []).append(result)
+    return cells
+
+
 def pool(out: Path) -> int:
     """Per cell and variant, the median over every process's repeats of tok/s ÷ goodput's in the same repeat, with
     each process's median; then each variant's geometric mean over the cells and its cells at or above 1.00."""
-    cells: dict[tuple, list[dict]] = {}
-    for path in sorted(out.glob("*.json")):
-        result = json.loads(path.read_text())
-        cells.setdefault((result["cell"], result["batch"]), []).append(result)
+    cells = load_results(out)
     if not cells:
         print(f"--pool: no results (*.json) in {out}; run some cells with --out {out} first", file=sys.stderr)
         return 2

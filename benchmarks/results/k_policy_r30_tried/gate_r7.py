@@ -1,10 +1,9 @@
 """R7/R8/R9's live gate on a folder of policy_ab.py JSON (any number of processes):
     python benchmarks/results/k_policy_r30_tried/gate_r7.py DIR [DIR ...] VARIANT_ROW
 (round 31's gate_r2.py and gate_r3.py use load, pooled and main)"""
-import json, statistics, sys
-from pathlib import Path
+import statistics, sys
 sys.path.insert(0, "benchmarks")
-from policy_ab import paired
+from policy_ab import load_results, paired
 ACT = [("code", 4), ("code", 8), ("stdlib_tests", 4), ("stdlib_tests", 8), ("thirdparty", 4), ("thirdparty", 8)]
 SAFE = [("rare", 4), ("rare", 8), ("synthetic_0.3", 1), ("synthetic_0.3", 4), ("synthetic_0.3", 8)]
 ALIAS = {"stdlib": "stdlib_tests", "syn03": "synthetic_0.3"}
@@ -13,10 +12,8 @@ ALIAS = {"stdlib": "stdlib_tests", "syn03": "synthetic_0.3"}
 def load(dirs):
     """(workload, batch) -> every process's result in ``dirs``."""
     cells = {}
-    for d in dirs:
-        for path in Path(d).glob("*.json"):
-            r = json.loads(path.read_text())
-            cells.setdefault((ALIAS.get(r["cell"], r["cell"]), r["batch"]), []).append(r)
+    for (cell, batch), results in load_results(*dirs).items():
+        cells.setdefault((ALIAS.get(cell, cell), batch), []).extend(results)
     return cells
 
 
