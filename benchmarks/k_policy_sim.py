@@ -2,7 +2,7 @@
 
 Why a simulator: on the shared 2-core machine the benches run on, one bench's repeats differ by
 up to ±30 % and two processes of the same bench by more than one's interval, so live A/Bs of two
-versions of the rule could not tell 3 % apart (benchmarks/README.md, issue 23, rounds 5-9). Here
+versions of the rule could not tell 3 % apart (benchmarks/k_policy_rounds.md, issue 23, rounds 5-9). Here
 every policy meets the same drift and the same accepted tokens (common random numbers), so a
 difference between two policies on a run is theirs alone, and a sweep of 270 generations takes
 seconds. What it keeps of the machine is what a policy's choices run into: the speed drifting

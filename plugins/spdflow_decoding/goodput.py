@@ -75,7 +75,7 @@ class StepCostModel:
     default) a K left during a slow spell keeps its slow figure: at batch 1, synthetic 0.6, K=4's
     step was priced at 1.34x K=2's (1.54x with the switch penalty) where fixed runs measured
     1.06-1.18x, and the rule stayed at K=2 for hundreds of steps. ``follow`` = 0.8 ended that
-    stay and measured better at batch 1, but worse at batch 2-4 (benchmarks/README.md, "Issue
+    stay and measured better at batch 1, but worse at batch 2-4 (benchmarks/k_policy_rounds.md, "Issue
     23, round 10"); it also keeps the timed grid's ratios between shapes for longer.
 
     With ``calibrate`` (on in goodput's defaults) a K that has not yet run a steady step is priced at its grid
@@ -87,7 +87,7 @@ class StepCostModel:
 
     Verify times are kept non-decreasing in K: a shape with more positions never costs less.
     The timed grid is short and taken on a busy machine it can rate K = 7 below K = 2
-    (benchmarks/README.md, "The timed grid can invert the order of K"); a K that runs pulls the
+    (benchmarks/k_policy_rounds.md, "The timed grid can invert the order of K"); a K that runs pulls the
     larger K up to its own time and the smaller K down to it, so a noisy start is not acted on.
     """
 
@@ -275,7 +275,7 @@ class AcceptanceEstimator:
         after the request's last outcome over the pooled rate (at most 0.995): prompt lookup
         copies in spells, and along a fixed K = 7 path through the code runs, a proposal's first
         token held 0.86 of the time after one that held whole and 0.25 after one that missed
-        (benchmarks/README.md, "Issue 23, round 15"). Each request's rates, and its extras after
+        (benchmarks/k_policy_rounds.md, "Issue 23, round 15"). Each request's rates, and its extras after
         each outcome, are cached until an estimate changes.
 
         With ``grades`` (one per row, None where ungraded; goodput passes them with its ``grades``
@@ -460,8 +460,8 @@ class Goodput(KPolicy):
     A row with n proposals is worth ``1 + extra[min(n, K)]`` tokens (:class:`AcceptanceEstimator`);
     a step costs :meth:`StepCostModel.step_cost`. The rule picks ``argmax_K tokens(K) / cost(K)``,
     ties to the smaller K, truncating proposals longer than K. Seven refinements, each tested in
-    tests/plugins/test_k_policy.py and each kept for a measurement in benchmarks/README.md (the
-    section named in brackets):
+    tests/plugins/test_k_policy.py and each kept for a measurement in benchmarks/k_policy_rounds.md
+    or benchmarks/README.md (the section named in brackets):
 
     * Requests apart: each row is priced at its own request's acceptance
       (:meth:`AcceptanceEstimator.row_extras`), except that the batch-1 proposer budget reads the

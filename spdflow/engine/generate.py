@@ -102,7 +102,7 @@ def measure_step_costs(pm, session, rows: int, ks: Sequence[int], pad_token_id: 
     With 1 warm-up run and 2 timed, the grid put K = 0 at batch 1, 2 and 4 12-32 % above what
     no-spec generations measured, and each larger K's ratio to K = 0 8-20 % below theirs, so a
     policy starting from it speculates where K = 0 is better; with 4 and 3, K = 0 and the ratios
-    came within 10 % at batch 1-8 (benchmarks/step_cost_grid.py; benchmarks/README.md, "Issue
+    came within 10 % at batch 1-8 (benchmarks/step_cost_grid.py; benchmarks/k_policy_rounds.md, "Issue
     23, round 11").
     """
     times: dict[int, list[float]] = {k: [] for k in ks}
