@@ -119,6 +119,11 @@ def paired(result: dict, row: str) -> list[float]:
     return [runs[row][r]["tok_s"] / runs[base][r]["tok_s"] for r in runs[row]]
 
 
+def pooled_paired(results: list[dict], row: str) -> float:
+    """The median over every process's repeats (``results``: one cell's processes) of :func:`paired`."""
+    return statistics.median([x for result in results for x in paired(result, row)])
+
+
 def summary(result: dict) -> list[str]:
     """One table row per variant of one cell's result."""
     runs, base, lines = result["runs"], result["base"], []
@@ -159,7 +164,7 @@ def pool(out: Path) -> int:
             if row == results[0]["base"]:
                 continue
             each = [paired(result, row) for result in results]
-            pooled = statistics.median([x for ratios in each for x in ratios])
+            pooled = pooled_paired(results, row)
             by_variant.setdefault(row, []).append(pooled)
             print(f"| {cell} b{batch} | {row} | {pooled:.3f} | {', '.join(f'{statistics.median(e):.3f}' for e in each)} |")
     print()

@@ -3,7 +3,7 @@
 (round 31's gate_r2.py and gate_r3.py use load, pooled and main)"""
 import statistics, sys
 sys.path.insert(0, "benchmarks")
-from policy_ab import load_results, paired
+from policy_ab import load_results, pooled_paired
 ACT = [("code", 4), ("code", 8), ("stdlib_tests", 4), ("stdlib_tests", 8), ("thirdparty", 4), ("thirdparty", 8)]
 SAFE = [("rare", 4), ("rare", 8), ("synthetic_0.3", 1), ("synthetic_0.3", 4), ("synthetic_0.3", 8)]
 ALIAS = {"stdlib": "stdlib_tests", "syn03": "synthetic_0.3"}
@@ -19,7 +19,7 @@ def load(dirs):
 
 def pooled(cells, cell, name):
     """The median over every process's repeats of ``name``'s tok/s ÷ goodput's in the same repeat."""
-    return statistics.median([x for r in cells[cell] for x in paired(r, name)])
+    return pooled_paired(cells[cell], name)
 
 
 def main(argv, safe=SAFE):

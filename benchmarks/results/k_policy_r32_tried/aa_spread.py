@@ -11,7 +11,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(RESULTS.parent))
-from policy_ab import load_results, paired  # noqa: E402
+from policy_ab import load_results, paired, pooled_paired  # noqa: E402
 
 folders = sorted(p for p in RESULTS.glob("k_policy_r3[0-2]_tried/ab_*") if p.is_dir() and any(p.glob("*.json")))
 pooled, single = [], []
@@ -19,9 +19,8 @@ for folder in folders:
     for (cell, batch), results in load_results(folder).items():
         if "varK:goodput_aa" not in results[0]["runs"]:
             continue
-        each = [paired(result, "varK:goodput_aa") for result in results]
-        pooled.append(statistics.median([x for ratios in each for x in ratios]))
-        single += [statistics.median(e) for e in each]
+        pooled.append(pooled_paired(results, "varK:goodput_aa"))
+        single += [statistics.median(paired(result, "varK:goodput_aa")) for result in results]
 
 
 def describe(name: str, values: list[float]) -> None:

@@ -4,7 +4,7 @@ each run preceded by one kind of gap work, the kinds rotating block by block (dr
 kinds: none; spin (busy-wait T us); churn (build and drop small Python objects for T us);
 goodput (one recorded step of goodput's calls, driven on a live policy).
 """
-import sys, time, statistics, itertools, collections, json
+import sys, time, statistics, itertools, collections
 import numpy as np
 sys.path.insert(0, "benchmarks")
 from recorded_calls import load_calls, load_goodput
