@@ -510,12 +510,10 @@ class PolicyServices:
         the session's life: later generations on it get the same figures without re-measuring."""
         raise NotImplementedError
 
-    def score_proposals(self, on: bool = True) -> None:
+    def score_proposals(self) -> None:
         """From now on, every :class:`StepOutcome` carries ``scored``: each proposal compared with
         the tokens its request went on to generate, so a policy learns how long proposals hold
-        even when they were cut to a smaller K or not verified (K = 0). ``on`` False stops
-        scoring new proposals (those already open are still decided) until it is asked again:
-        scoring costs the engine a few microseconds a row a step."""
+        even when they were cut to a smaller K or not verified (K = 0)."""
         raise NotImplementedError
 
 
@@ -530,8 +528,8 @@ class NoServices(PolicyServices):
     def step_costs(self) -> dict[int, float]:
         return dict(self._costs)
 
-    def score_proposals(self, on: bool = True) -> None:
-        self.scoring = on
+    def score_proposals(self) -> None:
+        self.scoring = True
 
 
 class KPolicy:

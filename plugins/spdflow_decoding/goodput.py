@@ -48,9 +48,6 @@ class GoodputConfig(BaseModel):
     grades: bool = Field(True, description="Scale each row's acceptance by how proposals of its proposal's grade fared (a proposer that grades them, e.g. prompt lookup by matched n-gram length), after its request's last outcome where that is read.")
     budget_no_outcome: bool = Field(True, description="Price the proposer budget (whether to call the proposer, and how much) without the rows' last outcomes (outcome_batch): while the proposer is skipped no outcome is decided, so a row's last one is as old as the skipping, and a row that last missed kept it skipped.")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
-    steady_window: int = Field(0, ge=0, description="Steps per window over which the K of each step is tallied; when one K ran steady_share of a window's steps, that K is held without pricing (see Goodput's docstring). 0: never hold.")
-    steady_share: float = Field(0.97, gt=0.0, le=1.0, description="Share of a window's steps one K must have run for goodput to hold it.")
-    steady_max: int = Field(512, ge=1, description="Most steps of one hold; a hold lasts as many steps as goodput has held or qualified since its choices last moved, up to this.")
 
 
 def any_proposes(share: float, rows: int) -> float:
@@ -539,14 +536,12 @@ class Goodput(KPolicy):
 
     def __init__(self, config: "GoodputConfig | None" = None):
         self.config = config or GoodputConfig()
-        self._services: PolicyServices = NoServices()  # the engine's, from start
         self._reset([0], 1, None)
 
     def start(self, compiled_ks, rows, services: PolicyServices | None = None):
         services = services or NoServices()
         services.score_proposals()
         self._reset(compiled_ks, rows, services.step_costs())
-        self._services = services
 
     def _reset(self, compiled_ks, rows: int, measured: dict[int, float] | None) -> None:
         config = self.config
@@ -570,11 +565,6 @@ class Goodput(KPolicy):
         self._decided: dict[tuple, int] = {}  # choose_k's decisions since the estimates last changed
         self._pending: list = []  # (outcome, offered) of steps observed but not yet counted
         self._settled = False  # the estimates have enough evidence to act on (as of the last count)
-        self.holding = 0  # steps left of the current hold (see steady_window)
-        self.held: int | None = None  # the K of the current (or the last) hold
-        self._tally: dict[int, int] = {}  # K -> steps observed at it in the current window
-        self._window = 0  # steps observed in the current window
-        self._streak = 0  # steps since the last window whose choices moved
 
     # -- the rule -------------------------------------------------------------------------------
 
@@ -654,8 +644,6 @@ class Goodput(KPolicy):
     # -- the KPolicy protocol -----------------------------------------------------------------
 
     def propose_budget(self, k_max, step):
-        if self.holding:
-            return min(k_max, self.held)
         self.since_peek += 1
         if self.skipping and self.since_peek < self.peek_every:
             # Skipping until the next peek: nothing here is read before then (the rows' tokens
@@ -688,8 +676,6 @@ class Goodput(KPolicy):
         return k_max if peek else min(k_max, self._budget_k)
 
     def choose_k(self, proposal_counts, compiled_ks):
-        if self.holding and compiled_ks == self.ks:
-            return self.held
         if compiled_ks != self.ks:
             ks = sorted(set(compiled_ks))
             if not ks:
@@ -732,12 +718,6 @@ class Goodput(KPolicy):
 
     def observe(self, outcome):
         k = outcome.k
-        if self.holding:
-            self.costs.last_k = k
-            self.holding -= 1
-            if not self.holding:
-                self._services.score_proposals(True)
-            return
         if k != self.costs.last_k or self._steps % 16 == 0:
             self._cheapest = None  # the cheapest K depends on the last K and drifts slowly
         self._steps += 1
@@ -750,28 +730,6 @@ class Goodput(KPolicy):
         self._pending.append((outcome, self.offered, before))
         if len(self._pending) >= self.config.reprice_every or not self._settled:
             self.count_pending()
-        if self.config.steady_window:
-            self._tally_step(k)
-
-    def _tally_step(self, k: int) -> None:
-        """Tally the step's K; at a window's end, hold its K if one ran nearly every step."""
-        tally, config = self._tally, self.config
-        tally[k] = tally.get(k, 0) + 1
-        self._window += 1
-        if self._window < config.steady_window:
-            return
-        top = max(tally, key=tally.__getitem__)
-        steady = tally[top] >= config.steady_share * self._window and self._settled and not self.skipping
-        self._tally, self._window = {}, 0
-        if not steady:
-            self._streak = 0
-            return
-        # a hold lasts as long as goodput has kept to one K since its choices last moved
-        self._streak = (self._streak if top == self.held else 0) + config.steady_window
-        self.count_pending()
-        self.held, self.holding = top, min(config.steady_max, self._streak)
-        self._streak += self.holding
-        self._services.score_proposals(False)  # nothing is counted while holding
 
     def count_pending(self) -> None:
         """Count the observed steps into the estimates, in order; forget decisions made before."""

@@ -125,8 +125,8 @@ class _LoopServices(PolicyServices):
             self._costs = self._generator.measured_step_costs()
         return dict(self._costs)
 
-    def score_proposals(self, on: bool = True) -> None:
-        self._generator._scoring = on
+    def score_proposals(self) -> None:
+        self._generator._scoring = True
 
 
 def split_logits(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

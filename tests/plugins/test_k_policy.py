@@ -282,9 +282,9 @@ class AskedServices(NoServices):
         self.asked.append("step_costs")
         return super().step_costs()
 
-    def score_proposals(self, on=True):
-        self.asked.append("score_proposals" if on else "score_proposals(False)")
-        super().score_proposals(on)
+    def score_proposals(self):
+        self.asked.append("score_proposals")
+        super().score_proposals()
 
 
 def test_goodput_is_registered_and_asks_for_step_costs_and_scoring():
@@ -710,62 +710,3 @@ def test_goodput_prices_the_budget_without_the_rows_last_outcomes():
     alone = fresh.rates(full, budget=True)
     assert alone[7] > after_miss[7] and alone[0] == pytest.approx(after_miss[0])
     assert plain.rates(full) == fresh.rates(full)  # choose_k's pricing reads the outcomes either way
-
-
-# -- holding a steady K (steady_window) -------------------------------------------------------
-
-
-def steady_steps(policy, steps, proposed=7, accepted=1, rows=1):
-    """``steps`` full decode steps: budget, choose_k, observe at the chosen K; the Ks run."""
-    ran = []
-    for _ in range(steps):
-        budget = policy.propose_budget(7, context(rows))
-        counts = [min(proposed, budget)] * rows
-        k = policy.choose_k(counts, KS)
-        held = min(accepted, k, counts[0])
-        policy.observe(StepOutcome(k, (min(counts[0], k),) * rows, (held,) * rows, policy.costs.verify_s[k], 0.001,
-                                   0.0, ((min(held + 1, counts[0]), held),) * rows if counts[0] else ()))
-        ran.append(k)
-    return ran
-
-
-def test_goodput_holds_a_k_it_keeps_choosing_and_stops_pricing_and_scoring_while_it_holds():
-    services = AskedServices({0: 1.0, 2: 1.1, 4: 1.4, 7: 2.0})
-    policy = Goodput(GoodputConfig(steady_window=16))
-    policy.start(KS, 1, services)
-    assert set(steady_steps(policy, 48)) == {2}  # one token of seven holds: K = 2
-    assert policy.holding == 16 and policy.held == 2 and services.asked[-1] == "score_proposals(False)"
-    # while it holds, nothing is priced or counted: the answers are the held K whatever comes
-    policy.rates = policy.count_pending = None  # (any call would fail)
-    assert policy.propose_budget(7, context()) == 2 and policy.propose_budget(1, context()) == 1
-    assert policy.choose_k([7], KS) == 2 and policy.choose_k([0], KS) == 2
-    left = policy.holding
-    policy.observe(StepOutcome(2, (2,), (2,), 1.1, 0.001, 0.0, ((2, 2),)))
-    assert policy.holding == left - 1 and policy.costs.last_k == 2 and not policy._pending
-    del policy.rates, policy.count_pending
-    # the hold ends with scoring on again; windows that keep qualifying hold for longer each time
-    holds, was = [], policy.holding
-    for _ in range(2000):
-        steady_steps(policy, 1)
-        if policy.holding and not was:
-            holds.append(policy.holding)
-        was = policy.holding
-    assert holds[:5] == [16 * 3, 16 * 7, 16 * 15, 16 * 31, 512]  # steps since the choices last moved, to steady_max
-    assert services.asked.count("score_proposals(False)") == services.asked.count("score_proposals") - 1 + (was > 0)
-
-
-def test_goodput_does_not_hold_while_its_choices_move_or_before_it_has_evidence():
-    policy = goodput({0: 1.0, 2: 1.1, 4: 1.4, 7: 2.0}, steady_window=16)
-    feed(policy, 7, 7, 1, steps=1)
-    steady_steps(policy, 15)
-    assert not policy._settled and not policy.holding  # a window, but not enough evidence yet
-    moving = goodput({0: 1.0, 2: 1.05, 4: 1.1, 7: 1.15}, steady_window=16)
-    ran = []
-    for _ in range(20):  # long proposals that hold, then two-token ones: the best K moves
-        ran += steady_steps(moving, 8, proposed=7, accepted=7)
-        ran += steady_steps(moving, 8, proposed=2, accepted=2)
-        assert not moving.holding
-    assert ran[-16:] == [7] * 8 + [2] * 8
-    off = goodput({0: 1.0, 2: 1.1, 4: 1.4, 7: 2.0})  # steady_window 0 (the default): never
-    steady_steps(off, 600)
-    assert not off.holding and off.held is None
