@@ -9,10 +9,12 @@ differs. In issue 23's round 30, 12 repeats in each of two processes gave the A/
 a cell and geometric means over 6 to 11 cells of 0.997–1.008 (six A/Bs).
 
 A variant is ``NAME=[FIELD=VALUE;...][@FILE]``: goodput with those ``GoodputConfig`` fields (JSON values), built from
-goodput's own module, or with ``@FILE`` from that goodput.py loaded as a module of its own (round 30 found no cost
-in that). Per cell and variant it prints the median and range over repeats of the variant's tok/s ÷ goodput's in the
-same repeat, its host ms a run minus goodput's, and the steps a run, writes one JSON per cell into ``--out``
-(``<workload>_b<batch>.<tag>.json``), and exits 1 if any run's tokens differ from the warm-up's no-spec tokens.
+goodput's own module, or with ``@FILE`` from that goodput.py loaded as a module of its own (round 30 found no cost in
+that). ``--set KEY=VALUE`` (repeatable) adds a recipe override to every cell, as ``spdflow bench --set`` does, e.g.
+``devices.with.threads=1`` to A/B under other session settings. Per cell and variant it prints the median and range
+over repeats of the variant's tok/s ÷ goodput's in the same repeat, its host ms a run minus goodput's, and the steps a
+run, writes one JSON per cell into ``--out`` (``<workload>_b<batch>.<tag>.json``), and exits 1 if any run's tokens
+differ from the warm-up's no-spec tokens.
 ``--pool`` runs nothing: it pools every JSON in ``--out`` (several processes, by their tags) per cell and prints
 each variant's geometric mean over the cells. From the repository root:
 
@@ -80,8 +82,10 @@ def variant_plugin(variants: list[tuple[str, dict, str | None]]):
     return Plugin()
 
 
-def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: int) -> dict:
-    """One bench session: the warm-up, then every mode ``repeats`` times in the bench's rotating order."""
+def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: int,
+             overrides: tuple[str, ...] = ()) -> dict:
+    """One bench session: the warm-up, then every mode ``repeats`` times in the bench's rotating order;
+    ``overrides`` (KEY=VALUE, as ``spdflow bench --set``) go after the workload's own."""
     from spdflow.bench import BatchBench, resolve_modes, run_order
     from spdflow.engine.run import NullUI
     from spdflow.plugins import get_plugin_manager
@@ -89,7 +93,7 @@ def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: i
 
     chosen = WORKLOADS[workload]
     pm = get_plugin_manager()
-    loaded = load_recipe(str(REPO / chosen.recipe), pm, [*chosen.overrides, f"workload.count={count}"])
+    loaded = load_recipe(str(REPO / chosen.recipe), pm, [*chosen.overrides, f"workload.count={count}", *overrides])
     resolved = {m.row: m for m in resolve_modes(pm, modes, loaded.recipe)}
     bench = BatchBench(pm, loaded, batch, NullUI())
     runs: dict[str, dict[int, dict]] = {row: {} for row in resolved}
@@ -110,7 +114,7 @@ def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: i
     finally:
         bench.close()
     return {"cell": workload, "batch": batch, "repeats": repeats, "base": next(iter(resolved)), "runs": runs,
-            "identical": identical}
+            "identical": identical, "overrides": list(overrides)}
 
 
 def paired(result: dict, row: str) -> list[float]:
@@ -192,6 +196,19 @@ def parse_cells(text: str) -> list[tuple[str, int]]:
     return cells
 
 
+def check_overrides(cells: list[tuple[str, int]], overrides: list[str]) -> None:
+    """Load each cell's recipe with ``overrides`` once, so a bad ``--set`` fails before any bench runs."""
+    if not overrides:
+        return
+    from spdflow.plugins import get_plugin_manager
+    from spdflow.recipe.loader import load_recipe
+
+    pm = get_plugin_manager()
+    for workload in dict.fromkeys(workload for workload, _ in cells):
+        chosen = WORKLOADS[workload]
+        load_recipe(str(REPO / chosen.recipe), pm, [*chosen.overrides, *overrides])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", help=f"comma-separated WORKLOAD:BATCH; workloads: {', '.join(WORKLOADS)}")
@@ -199,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--count", type=int, default=16, help="prompts per run (default 16)")
     parser.add_argument("--out", type=Path, required=True, help="folder of the per-cell JSON")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for every cell, as spdflow bench --set (e.g. devices.with.threads=1)")
     parser.add_argument("--tag", default="p1", help="this process's name in the JSON file names (default p1)")
     parser.add_argument("--pool", action="store_true", help="run nothing: pool the JSON in --out over its processes")
     args = parser.parse_args(argv)
@@ -212,15 +231,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats < 1:
             raise ValueError("--repeats must be at least 1")
         plugin = variant_plugin(variants)
-    except Exception as exc:  # a bad field is pydantic's ValidationError
+        check_overrides(cells, args.overrides)
+    except Exception as exc:  # a bad field is pydantic's ValidationError; a bad --set a RecipeError
         print(f"policy_ab: {exc}", file=sys.stderr)
+        for finding in getattr(exc, "findings", ()):
+            print(f"  {finding.location.source}: {finding.message}" + (f" ({finding.hint})" if finding.hint else ""),
+                  file=sys.stderr)
         return 2
     modes = ["goodput", *[name for name, _, _ in variants]]
     args.out.mkdir(parents=True, exist_ok=True)
     lines, identical = [], True
     with plugin_added(plugin, "policy-ab-variants"):
         for workload, batch in cells:
-            result = run_cell(workload, batch, modes, args.repeats, args.count)
+            result = run_cell(workload, batch, modes, args.repeats, args.count, tuple(args.overrides))
             (args.out / f"{workload}_b{batch}.{args.tag}.json").write_text(json.dumps(result, indent=1))
             identical = identical and result["identical"]
             lines += summary(result)

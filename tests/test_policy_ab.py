@@ -35,6 +35,9 @@ def test_bad_arguments_exit_2_before_any_bench_runs(ab, tmp_path, capsys):
     assert "no_such_field" in capsys.readouterr().err
     assert ab.main(["--cells", "code:1", "--out", str(tmp_path)]) == 2  # no variant
     assert ab.main(["--out", str(tmp_path / "empty"), "--pool"]) == 2
+    assert ab.main(["--cells", "code:1", "--variant", "x=", "--set", "devices.with.no_such_setting=1",
+                    "--out", str(tmp_path)]) == 2
+    assert "no_such_setting" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))
 
 
@@ -59,9 +62,10 @@ def test_pool_takes_the_median_over_every_processs_paired_repeats(ab, tmp_path, 
 
 def test_one_cell_runs_goodput_and_its_copy_with_no_spec_tokens(ab, tmp_path, capsys):
     assert ab.main(["--cells", "code:2", "--repeats", "1", "--count", "2", "--variant", "goodput_aa=",
-                    "--out", str(tmp_path), "--tag", "t"]) == 0
+                    "--set", "workload.max_new_tokens=24", "--out", str(tmp_path), "--tag", "t"]) == 0
     result = json.loads((tmp_path / "code_b2.t.json").read_text())
     assert result["identical"] is True and result["base"] == "varK:goodput"
+    assert result["overrides"] == ["workload.max_new_tokens=24"]
     assert set(result["runs"]) == {"varK:goodput", "varK:goodput_aa"}
     assert all(run["tok_s"] > 0 and run["steps"] > 0 for runs in result["runs"].values() for run in runs.values())
     assert "every run's tokens equal the no-spec reference" in capsys.readouterr().out
