@@ -48,9 +48,6 @@ class GoodputConfig(BaseModel):
     grades: bool = Field(True, description="Scale each row's acceptance by how proposals of its proposal's grade fared (a proposer that grades them, e.g. prompt lookup by matched n-gram length), after its request's last outcome where that is read.")
     budget_no_outcome: bool = Field(True, description="Price the proposer budget (whether to call the proposer, and how much) without the rows' last outcomes (outcome_batch): while the proposer is skipped no outcome is decided, so a row's last one is as old as the skipping, and a row that last missed kept it skipped.")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
-    steady_window: int = Field(0, ge=0, description="Steps per window over which the K of each step is tallied; when one K ran steady_share of a window's steps, goodput holds it: it answers that K without pricing, except on the step after each count of the observed steps, where a different priced K ends the hold (see Goodput's docstring). 0: never hold.")
-    steady_share: float = Field(0.97, gt=0.0, le=1.0, description="Share of a window's steps one K must have run for goodput to hold it.")
-    steady_max: int = Field(512, ge=1, description="Most steps of one hold; a hold lasts as many steps as goodput has held or qualified since its choices last moved, up to this.")
 
 
 def any_proposes(share: float, rows: int) -> float:
@@ -524,18 +521,6 @@ class Goodput(KPolicy):
     ["Issue 23, round 3"; the skipping steps: "Issue 23, round 6"; "Issue 23, round 13"; "Issue 23,
     rounds 16 and 17".]
 
-    Holds (``steady_window``, 0 = off): where goodput keeps choosing one K it is fixed K plus its own
-    time, and at ties of two static choices that time is most of what it loses to the better one
-    (at synthetic 0.3, batch 2, K = 2 on 747 of 749 steps and 0.97 of fixed K = 2's tok/s, its host
-    share 2.7 points above fixed's). So after a window of ``steady_window`` steps with one K on
-    ``steady_share`` of them (estimates settled, proposer not skipped) it holds that K for as many
-    steps as it has kept to it, up to ``steady_max``. A hold still notes and counts every step;
-    only the step after each count is priced, and a different K there ends the hold, so a hold
-    saves the pricing of seven steps in eight and never outlasts a change of mind by more than
-    ``reprice_every`` steps. ["Issue 23, round 33": a hold that also stopped counting cut the time
-    from 74 to 28 us a step; round 34: it froze the estimates and held K = 4 for whole runs where
-    goodput moved to K = 2.]
-
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
     ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
@@ -580,12 +565,6 @@ class Goodput(KPolicy):
         self._decided: dict[tuple, int] = {}  # choose_k's decisions since the estimates last changed
         self._pending: list = []  # (outcome, offered) of steps observed but not yet counted
         self._settled = False  # the estimates have enough evidence to act on (as of the last count)
-        self.holding = 0  # steps left of the current hold (see steady_window)
-        self.held: int | None = None  # the K of the current (or the last) hold
-        self._tally: dict[int, int] = {}  # K -> steps observed at it in the current window
-        self._window = 0  # steps observed in the current window
-        self._streak = 0  # steps since the last window whose choices moved
-        self._recheck = False  # holding, and the estimates were just counted: price the next step
 
     # -- the rule -------------------------------------------------------------------------------
 
@@ -665,8 +644,6 @@ class Goodput(KPolicy):
     # -- the KPolicy protocol -----------------------------------------------------------------
 
     def propose_budget(self, k_max, step):
-        if self.holding and not self._recheck:
-            return min(k_max, self.held)
         self.since_peek += 1
         if self.skipping and self.since_peek < self.peek_every:
             # Skipping until the next peek: nothing here is read before then (the rows' tokens
@@ -699,19 +676,6 @@ class Goodput(KPolicy):
         return k_max if peek else min(k_max, self._budget_k)
 
     def choose_k(self, proposal_counts, compiled_ks):
-        if not self.holding or compiled_ks != self.ks:
-            return self._choose(proposal_counts, compiled_ks)
-        if not self._recheck:
-            self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
-            return self.held
-        # the first step after a count while holding is priced as any other; a different K ends the hold
-        self._recheck = False
-        k = self._choose(proposal_counts, compiled_ks)
-        if k != self.held:
-            self.holding = self._streak = 0
-        return k
-
-    def _choose(self, proposal_counts, compiled_ks) -> int:
         if compiled_ks != self.ks:
             ks = sorted(set(compiled_ks))
             if not ks:
@@ -766,29 +730,6 @@ class Goodput(KPolicy):
         self._pending.append((outcome, self.offered, before))
         if len(self._pending) >= self.config.reprice_every or not self._settled:
             self.count_pending()
-            self._recheck = self.holding > 1  # the estimates moved: price the next step
-        if self.holding:
-            self.holding -= 1
-        elif self.config.steady_window:
-            self._tally_step(k)
-
-    def _tally_step(self, k: int) -> None:
-        """Tally the step's K; at a window's end, hold its K if one ran nearly every step."""
-        tally, config = self._tally, self.config
-        tally[k] = tally.get(k, 0) + 1
-        self._window += 1
-        if self._window < config.steady_window:
-            return
-        top = max(tally, key=tally.__getitem__)
-        steady = tally[top] >= config.steady_share * self._window and self._settled and not self.skipping
-        self._tally, self._window = {}, 0
-        if not steady:
-            self._streak = 0
-            return
-        # a hold lasts as long as goodput has kept to one K since its choices last moved
-        self._streak = (self._streak if top == self.held else 0) + config.steady_window
-        self.held, self.holding = top, min(config.steady_max, self._streak)
-        self._streak += self.holding
 
     def count_pending(self) -> None:
         """Count the observed steps into the estimates, in order; forget decisions made before."""
