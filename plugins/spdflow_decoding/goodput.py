@@ -34,7 +34,6 @@ class GoodputConfig(BaseModel):
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
     cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
     calibrate: bool = Field(True, description="Until a K has run two steps in a row, price it at its grid time x (the running K's learned time / its grid time): the grid's level was off by up to 10 % at batch 2 and 8, its ratios between Ks less.")
-    host_follows: bool = Field(False, description="Until a K has run, price its host time at the running K's learned host time (false: at the first step's host time, which carries one-off costs).")
     follow: float = Field(0.0, ge=0.0, le=1.0, description="Share of a steady step's change of its K's verify and host time passed on to every other K's (0: a K that does not run keeps its last figure; 0.8 measured better at batch 1 and worse at batch 2-4).")
     penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
     yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
@@ -93,10 +92,8 @@ class StepCostModel:
     """
 
     def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float,
-                 follow: float = 0.0, calibrate: bool = False, host_follows: bool = False):
+                 follow: float = 0.0, calibrate: bool = False):
         self.cost_ema, self.penalty_ema, self.follow = cost_ema, penalty_ema, follow
-        #: Ks that have not run, whose host time is the running K's (``host_follows``); None: off
-        self.host_unrun: set[int] | None = set(ks) if host_follows else None
         self.ks = sorted(ks)
         self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in self.ks}
         for smaller, larger in zip(self.ks, self.ks[1:]):
@@ -174,10 +171,6 @@ class StepCostModel:
         host[k] += a * (host_s - before)
         if steady and follow:
             _carry(host, k, before, follow)
-        if self.host_unrun:
-            self.host_unrun.discard(k)
-            for other in self.host_unrun:
-                host[other] = host[k]
         self.last_k = self._observed_k = k
         if propose_s > 0:
             if self.propose_s is None:
@@ -555,7 +548,7 @@ class Goodput(KPolicy):
         self.ks = sorted(set(compiled_ks))
         self.rows = rows
         self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow,
-                                   config.calibrate, config.host_follows)
+                                   config.calibrate)
         self.acceptance = AcceptanceEstimator(self.ks[-1], config, 0 < config.outcome_batch <= rows)
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals

@@ -710,29 +710,3 @@ def test_goodput_prices_the_budget_without_the_rows_last_outcomes():
     alone = fresh.rates(full, budget=True)
     assert alone[7] > after_miss[7] and alone[0] == pytest.approx(after_miss[0])
     assert plain.rates(full) == fresh.rates(full)  # choose_k's pricing reads the outcomes either way
-
-
-def test_a_k_that_has_not_run_takes_the_running_ks_host_time_with_host_follows():
-    # round 34: the first step's host time (one-off costs) kept K = 2 priced dearer than a running K = 4
-    for follows, expected in ((False, 0.6), (True, 0.3)):
-        costs = StepCostModel(KS, {0: 1.0, 2: 1.1, 4: 1.2, 7: 1.5}, cost_ema=0.5, penalty_ema=0.5,
-                              host_follows=follows)
-        costs.observe(4, 1.2, 0.6, 0.0)  # the first step: slow host work
-        for _ in range(20):
-            costs.observe(4, 1.2, 0.3, 0.0)
-        assert costs.host_s[4] == pytest.approx(0.3) and costs.host_s[2] == pytest.approx(expected)
-        assert (costs.step_cost(2) < costs.step_cost(4)) is follows
-        costs.observe(2, 1.1, 0.25, 0.0)  # once K = 2 runs it learns its own
-        for _ in range(20):
-            costs.observe(2, 1.1, 0.25, 0.0)
-        assert costs.host_s[2] == pytest.approx(0.25) and costs.host_s[4] == pytest.approx(0.3)
-
-
-def test_goodput_leaves_a_dear_k_it_started_at_when_host_follows():
-    for follows in (False, True):
-        policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.5}, host_follows=follows)
-        policy.costs.observe(4, 1.2, 0.6, 0.0)
-        for _ in range(40):
-            policy.costs.observe(4, 1.2, 0.3, 0.0)
-        feed(policy, 4, 4, 1, steps=60, verify_s=1.2)  # one token of four holds: K = 2 pays more a second
-        assert policy.choose_k([4], KS) == (2 if follows else 4)
