@@ -82,6 +82,14 @@ def variant_plugin(variants: list[tuple[str, dict, str | None]]):
     return Plugin()
 
 
+def cell_recipe(pm, workload: str, extra: list[str]):
+    """The workload's recipe loaded with its own overrides, then ``extra`` (KEY=VALUE each)."""
+    from spdflow.recipe.loader import load_recipe
+
+    chosen = WORKLOADS[workload]
+    return load_recipe(str(REPO / chosen.recipe), pm, [*chosen.overrides, *extra])
+
+
 def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: int,
              overrides: tuple[str, ...] = ()) -> dict:
     """One bench session: the warm-up, then every mode ``repeats`` times in the bench's rotating order;
@@ -89,11 +97,9 @@ def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: i
     from spdflow.bench import BatchBench, resolve_modes, run_order
     from spdflow.engine.run import NullUI
     from spdflow.plugins import get_plugin_manager
-    from spdflow.recipe.loader import load_recipe
 
-    chosen = WORKLOADS[workload]
     pm = get_plugin_manager()
-    loaded = load_recipe(str(REPO / chosen.recipe), pm, [*chosen.overrides, f"workload.count={count}", *overrides])
+    loaded = cell_recipe(pm, workload, [f"workload.count={count}", *overrides])
     resolved = {m.row: m for m in resolve_modes(pm, modes, loaded.recipe)}
     bench = BatchBench(pm, loaded, batch, NullUI())
     runs: dict[str, dict[int, dict]] = {row: {} for row in resolved}
@@ -201,12 +207,10 @@ def check_overrides(cells: list[tuple[str, int]], overrides: list[str]) -> None:
     if not overrides:
         return
     from spdflow.plugins import get_plugin_manager
-    from spdflow.recipe.loader import load_recipe
 
     pm = get_plugin_manager()
     for workload in dict.fromkeys(workload for workload, _ in cells):
-        chosen = WORKLOADS[workload]
-        load_recipe(str(REPO / chosen.recipe), pm, [*chosen.overrides, *overrides])
+        cell_recipe(pm, workload, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
