@@ -239,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bad field is pydantic's ValidationError; a bad --set a RecipeError
         print(f"policy_ab: {exc}", file=sys.stderr)
         for finding in getattr(exc, "findings", ()):
-            print(f"  {finding.location.source}: {finding.message}" + (f" ({finding.hint})" if finding.hint else ""),
-                  file=sys.stderr)
+            print(finding.render(), file=sys.stderr)
         return 2
     modes = ["goodput", *[name for name, _, _ in variants]]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ repository root:
         --set 'proposer={uses: synthetic, with: {acceptance_rate: 0.3}}'
     python benchmarks/results/k_policy_r34_tried/b1_costs.py syn03_b1.pkl [FIELD=JSON ...]
 prints, per generation, the runs of K it chose and, at a few steps, each K's verify and host ms."""
+import itertools
 import json
 import sys
 
@@ -22,11 +23,5 @@ for generation, method, args, _, out, policy in drive(load_calls(sys.argv[1]), l
         print(f"generation {generation} step {step}: verify ms", {k: round(v * 1e3, 3) for k, v in costs.verify_s.items()},
               "host ms", {k: round((v or 0) * 1e3, 3) for k, v in costs.host_s.items()})
 for generation, ks in chosen.items():
-    runs, last = [], None
-    for k in ks:
-        if runs and k == last:
-            runs[-1][1] += 1
-        else:
-            runs.append([k, 1])
-        last = k
-    print(f"generation {generation}: {len(ks)} steps; K x steps:", " ".join(f"{k}x{n}" for k, n in runs))
+    runs = " ".join(f"{k}x{len(list(steps))}" for k, steps in itertools.groupby(ks))
+    print(f"generation {generation}: {len(ks)} steps; K x steps:", runs)

@@ -1,25 +1,39 @@
-import json,glob,statistics as st,sys,math
-out=sys.argv[1]
-def rows_of(f): return {(r['mode'],r['batch_size']):r for r in json.load(open(f))}
-ws=sorted({p.split('/')[-1].split('.p')[0] for p in glob.glob(out+'/*.p*.json')})
-tot={'goodput':[], 'goodput_hold':[]}; reach={'goodput':0,'goodput_hold':0}; cells=0
-for w in ws:
-  files=sorted(glob.glob(f'{out}/{w}.p*.json'))
-  for b in [1,2,4,8]:
-    pairs={'varK:goodput':[], 'varK:goodput_hold':[]}; hg=[]
-    for f in files:
-      R=rows_of(f)
-      if ('nospec',b) not in R: continue
-      statics=[m for (m,bb) in R if bb==b and (m=='nospec' or m.startswith('fixed:'))]
-      best=max(statics,key=lambda m:R[(m,b)]['tokens_per_s'])  # per process best by median (approx)
-      s=R[(best,b)]['tokens_per_s_by_repeat']
-      for m in pairs:
-        pairs[m]+=[x/y for x,y in zip(R[(m,b)]['tokens_per_s_by_repeat'],s)]
-      hg+=[x/y for x,y in zip(R[('varK:goodput_hold',b)]['tokens_per_s_by_repeat'],R[('varK:goodput',b)]['tokens_per_s_by_repeat'])]
-      assert all(R[(m,b)]['identical_to_nospec'] for (m,bb) in R if bb==b)
-    if not hg: continue
-    cells+=1
-    g,h=st.median(pairs['varK:goodput']),st.median(pairs['varK:goodput_hold'])
-    tot['goodput'].append(g); tot['goodput_hold'].append(h); reach['goodput']+=g>=0.97; reach['goodput_hold']+=h>=0.97
-    print(f"{w} b{b} n={len(hg)} goodput {g:.3f} hold {h:.3f} hold/goodput {st.median(hg):.3f}")
-for k,v in tot.items(): print(k,'geomean %.4f'%math.exp(sum(map(math.log,v))/len(v)),'reached',reach[k],'of',cells)
+"""Round 34, R1: per cell, goodput's and goodput_hold's paired ratio to max(no-spec, best fixed K) and the hold's to
+goodput, each process paired against its own reference (``k_policy_tables.reference_row``), pooled over processes.
+From the repository root:
+    python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r34_tried/tables_r1"""
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "benchmarks")
+from k_policy_tables import paired_ratios, reference_row  # noqa: E402
+
+POLICIES = ("varK:goodput", "varK:goodput_hold")
+folder = Path(sys.argv[1])
+medians = {p: [] for p in POLICIES}
+for workload in sorted({path.name.split(".p")[0] for path in folder.glob("*.p*.json")}):
+    processes = [json.loads(path.read_text()) for path in sorted(folder.glob(f"{workload}.p*.json"))]
+    for batch in (1, 2, 4, 8):
+        pairs, hold = {p: [] for p in POLICIES}, []
+        for rows in processes:
+            mine = {row["mode"]: row for row in rows if row["batch_size"] == batch}
+            if not mine:
+                continue
+            assert all(row["identical_to_nospec"] for row in mine.values())
+            reference = reference_row(list(mine.values()))
+            for policy in POLICIES:
+                pairs[policy] += paired_ratios(mine[policy], reference)
+            hold += paired_ratios(mine["varK:goodput_hold"], mine["varK:goodput"])
+        if not hold:
+            continue
+        cell = {p: statistics.median(pairs[p]) for p in POLICIES}
+        for policy in POLICIES:
+            medians[policy].append(cell[policy])
+        print(f"{workload} b{batch} n={len(hold)} goodput {cell['varK:goodput']:.3f} "
+              f"hold {cell['varK:goodput_hold']:.3f} hold/goodput {statistics.median(hold):.3f}")
+for policy, values in medians.items():
+    print(policy.removeprefix("varK:"), "geomean %.4f" % math.exp(sum(map(math.log, values)) / len(values)),
+          "reached", sum(v >= 0.97 for v in values), "of", len(values))
