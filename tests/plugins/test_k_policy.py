@@ -710,3 +710,96 @@ def test_goodput_prices_the_budget_without_the_rows_last_outcomes():
     alone = fresh.rates(full, budget=True)
     assert alone[7] > after_miss[7] and alone[0] == pytest.approx(after_miss[0])
     assert plain.rates(full) == fresh.rates(full)  # choose_k's pricing reads the outcomes either way
+
+
+# -- holding a steady K (steady_window) -------------------------------------------------------
+
+
+def steady_steps(policy, steps, proposed=7, accepted=1, rows=1):
+    """``steps`` full decode steps: budget, choose_k, observe at the chosen K; the Ks run."""
+    ran = []
+    for _ in range(steps):
+        budget = policy.propose_budget(7, context(rows))
+        counts = [min(proposed, budget)] * rows
+        k = policy.choose_k(counts, KS)
+        held = min(accepted, k, counts[0])
+        policy.observe(StepOutcome(k, (min(counts[0], k),) * rows, (held,) * rows, policy.costs.verify_s[k], 0.001,
+                                   0.0, ((min(held + 1, counts[0]), held),) * rows if counts[0] else ()))
+        ran.append(k)
+    return ran
+
+
+def test_goodput_holds_a_k_it_keeps_choosing_and_prices_only_after_each_count_while_it_holds():
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.4, 7: 2.0}, steady_window=16)
+    assert set(steady_steps(policy, 48)) == {2}  # one token of seven holds: K = 2
+    assert policy.holding == 16 and policy.held == 2
+    # while it holds, a step is priced only after the estimates were counted (every reprice_every steps)
+    priced, rates = [], policy.rates
+    policy.rates = lambda *args, **kwargs: priced.append(len(policy._pending)) or rates(*args, **kwargs)
+    steady_steps(policy, 12)  # counted after the 8th: the 9th step's budget and K are priced, nothing else
+    assert priced == [0, 0] and policy.holding == 4
+    assert policy.choose_k([0], KS) == 2  # between counts the held K is the answer, whatever comes
+    del policy.rates
+    # windows that keep qualifying hold for longer each time, up to steady_max
+    holds, was = [], policy.holding
+    for _ in range(2000):
+        steady_steps(policy, 1)
+        if policy.holding and not was:
+            holds.append(policy.holding)
+        was = policy.holding
+    assert holds[:5] == [16 * 3, 16 * 7, 16 * 15, 16 * 31, 512]  # steps since the choices last moved, to steady_max
+
+
+def test_goodput_keeps_counting_while_it_holds_and_lets_go_when_its_choice_moves():
+    # (round 34: a hold that counted nothing kept K = 4 for whole runs where goodput moved to K = 2)
+    policy = goodput({0: 1.0, 2: 1.05, 4: 1.1, 7: 1.15}, steady_window=16)
+    assert set(steady_steps(policy, 48, proposed=7, accepted=7)) == {7}
+    assert policy.holding and policy.held == 7
+    before = policy.rates([7])[7]
+    steady_steps(policy, 8, proposed=7, accepted=0)  # proposals stop holding, mid-hold
+    assert policy.holding and policy.rates([7])[7] < before  # counted while it holds
+    ran = steady_steps(policy, policy.config.reprice_every, proposed=2, accepted=2)
+    assert ran[-1] == 2 and not policy.holding  # let go on the step priced after a count, not when the hold ran out
+
+
+def test_goodput_does_not_hold_while_its_choices_move_or_before_it_has_evidence():
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.4, 7: 2.0}, steady_window=16)
+    feed(policy, 7, 7, 1, steps=1)
+    steady_steps(policy, 15)
+    assert not policy._settled and not policy.holding  # a window, but not enough evidence yet
+    moving = goodput({0: 1.0, 2: 1.05, 4: 1.1, 7: 1.15}, steady_window=16)
+    ran = []
+    for _ in range(20):  # long proposals that hold, then two-token ones: the best K moves
+        ran += steady_steps(moving, 8, proposed=7, accepted=7)
+        ran += steady_steps(moving, 8, proposed=2, accepted=2)
+        assert not moving.holding
+    assert ran[-16:] == [7] * 8 + [2] * 8
+    off = goodput({0: 1.0, 2: 1.1, 4: 1.4, 7: 2.0})  # steady_window 0 (the default): never
+    steady_steps(off, 600)
+    assert not off.holding and off.held is None
+
+
+def test_a_k_that_has_not_run_takes_the_running_ks_host_time_with_host_follows():
+    # round 34: the first step's host time (one-off costs) kept K = 2 priced dearer than a running K = 4
+    for follows, expected in ((False, 0.6), (True, 0.3)):
+        costs = StepCostModel(KS, {0: 1.0, 2: 1.1, 4: 1.2, 7: 1.5}, cost_ema=0.5, penalty_ema=0.5,
+                              host_follows=follows)
+        costs.observe(4, 1.2, 0.6, 0.0)  # the first step: slow host work
+        for _ in range(20):
+            costs.observe(4, 1.2, 0.3, 0.0)
+        assert costs.host_s[4] == pytest.approx(0.3) and costs.host_s[2] == pytest.approx(expected)
+        assert (costs.step_cost(2) < costs.step_cost(4)) is follows
+        costs.observe(2, 1.1, 0.25, 0.0)  # once K = 2 runs it learns its own
+        for _ in range(20):
+            costs.observe(2, 1.1, 0.25, 0.0)
+        assert costs.host_s[2] == pytest.approx(0.25) and costs.host_s[4] == pytest.approx(0.3)
+
+
+def test_goodput_leaves_a_dear_k_it_started_at_when_host_follows():
+    for follows in (False, True):
+        policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.5}, host_follows=follows)
+        policy.costs.observe(4, 1.2, 0.6, 0.0)
+        for _ in range(40):
+            policy.costs.observe(4, 1.2, 0.3, 0.0)
+        feed(policy, 4, 4, 1, steps=60, verify_s=1.2)  # one token of four holds: K = 2 pays more a second
+        assert policy.choose_k([4], KS) == (2 if follows else 4)

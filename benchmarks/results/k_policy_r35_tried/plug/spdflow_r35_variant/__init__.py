@@ -1,0 +1,10 @@
+"""Issue 23, round 35: goodput with both of round 34's parked changes on (the counting hold, steady_window 32, and
+host_follows), registered as a K policy of its own so that one `spdflow bench` runs it beside goodput."""
+from spdflow.hookspecs import hookimpl
+from spdflow_decoding.goodput import Goodput, GoodputConfig
+
+
+@hookimpl
+def spdflow_register_k_policies(register):
+    register("goodput_r35", lambda: Goodput(GoodputConfig(steady_window=32, host_follows=True)),
+             description="goodput with steady_window 32 and host_follows (issue 23, round 35)")
