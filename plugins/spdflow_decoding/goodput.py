@@ -672,9 +672,14 @@ class Goodput(KPolicy):
     # -- the KPolicy protocol -----------------------------------------------------------------
 
     def propose_budget(self, k_max, step):
-        if self.holding and not self._recheck:
-            return min(k_max, self.held)
         self.since_peek += 1
+        if self.holding and not self._recheck:
+            # goodput's last priced budget and its peeks, as without a hold: a budget of the held K
+            # alone scored no position above it, whose estimates faded to the prior (round 35)
+            if self.since_peek >= self.peek_every:
+                self.since_peek = 0
+                return k_max
+            return min(k_max, self.held if self._budget_k is None else max(self.held, self._budget_k))
         if self.skipping and self.since_peek < self.peek_every:
             # Skipping until the next peek: nothing here is read before then (the rows' tokens
             # left and requests are taken at the peek), so the step costs a counter.

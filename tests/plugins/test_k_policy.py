@@ -803,3 +803,20 @@ def test_goodput_leaves_a_dear_k_it_started_at_when_host_follows():
             policy.costs.observe(4, 1.2, 0.3, 0.0)
         feed(policy, 4, 4, 1, steps=60, verify_s=1.2)  # one token of four holds: K = 2 pays more a second
         assert policy.choose_k([4], KS) == (2 if follows else 4)
+
+
+def test_goodput_proposes_its_priced_budget_and_peeks_while_it_holds():
+    # round 35: a hold proposed only up to its K, so no position above it was scored; at synthetic 0.9, batch 1,
+    # those estimates faded to the prior and K = 4 was held on up to 70 % of the steps where K = 7 was 21 % faster
+    policy = goodput({0: 1.0, 2: 1.1, 4: 1.2, 7: 1.25}, steady_window=16)
+    assert set(steady_steps(policy, 48, proposed=4, accepted=4)) == {4}  # 4-token proposals that hold whole
+    assert policy.holding and policy.held == 4
+    budgets = []
+    while policy.holding > 1:
+        budgets.append(policy.propose_budget(7, context()))
+        k = policy.choose_k([4], KS)
+        policy.observe(StepOutcome(k, (4,), (4,), policy.costs.verify_s[k], 0.001, 0.0, ((4, 4),)))
+    assert len(budgets) >= 8 and budgets == [7] * len(budgets)  # K = 7 is priced best for full proposals
+    policy._budget_k, policy._recheck, policy.since_peek, policy.peek_every = 2, False, 0, 4
+    # a budget priced below the held K proposes the held K, and a peek (all of it) falls due as without a hold
+    assert [policy.propose_budget(7, context()) for _ in range(8)] == [4, 4, 4, 7] * 2 and policy.holding

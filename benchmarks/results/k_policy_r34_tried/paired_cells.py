@@ -1,7 +1,8 @@
-"""Round 34, R1: per cell, goodput's and goodput_hold's paired ratio to max(no-spec, best fixed K) and the hold's to
+"""Rounds 34 and 35: per cell, goodput's and a variant's paired ratio to max(no-spec, best fixed K) and the variant's to
 goodput, each process paired against its own reference (``k_policy_tables.reference_row``), pooled over processes.
-From the repository root:
-    python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r34_tried/tables_r1"""
+From the repository root (the variant defaults to round 34's goodput_hold):
+    python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r34_tried/tables_r1
+    python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r35_tried/tables goodput_r35"""
 import json
 import math
 import statistics
@@ -11,7 +12,8 @@ from pathlib import Path
 sys.path.insert(0, "benchmarks")
 from k_policy_tables import paired_ratios, reference_row  # noqa: E402
 
-POLICIES = ("varK:goodput", "varK:goodput_hold")
+VARIANT = "varK:" + (sys.argv[2] if len(sys.argv) > 2 else "goodput_hold")
+POLICIES = ("varK:goodput", VARIANT)
 folder = Path(sys.argv[1])
 medians = {p: [] for p in POLICIES}
 for workload in sorted({path.name.split(".p")[0] for path in folder.glob("*.p*.json")}):
@@ -26,14 +28,14 @@ for workload in sorted({path.name.split(".p")[0] for path in folder.glob("*.p*.j
             reference = reference_row(list(mine.values()))
             for policy in POLICIES:
                 pairs[policy] += paired_ratios(mine[policy], reference)
-            hold += paired_ratios(mine["varK:goodput_hold"], mine["varK:goodput"])
+            hold += paired_ratios(mine[VARIANT], mine["varK:goodput"])
         if not hold:
             continue
         cell = {p: statistics.median(pairs[p]) for p in POLICIES}
         for policy in POLICIES:
             medians[policy].append(cell[policy])
         print(f"{workload} b{batch} n={len(hold)} goodput {cell['varK:goodput']:.3f} "
-              f"hold {cell['varK:goodput_hold']:.3f} hold/goodput {statistics.median(hold):.3f}")
+              f"{VARIANT[5:]} {cell[VARIANT]:.3f} {VARIANT[5:]}/goodput {statistics.median(hold):.3f}")
 for policy, values in medians.items():
     print(policy.removeprefix("varK:"), "geomean %.4f" % math.exp(sum(map(math.log, values)) / len(values)),
           "reached", sum(v >= 0.97 for v in values), "of", len(values))

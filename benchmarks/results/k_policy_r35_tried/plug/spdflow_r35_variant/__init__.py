@@ -8,3 +8,8 @@ from spdflow_decoding.goodput import Goodput, GoodputConfig
 def spdflow_register_k_policies(register):
     register("goodput_r35", lambda: Goodput(GoodputConfig(steady_window=32, host_follows=True)),
              description="goodput with steady_window 32 and host_follows (issue 23, round 35)")
+    # round 35, after R1: each of the two changes alone, to place the synthetic 0.9 b1 lock-in
+    register("goodput_hold32", lambda: Goodput(GoodputConfig(steady_window=32)),
+             description="goodput with steady_window 32 only (issue 23, round 35)")
+    register("goodput_hf", lambda: Goodput(GoodputConfig(host_follows=True)),
+             description="goodput with host_follows only (issue 23, round 35)")
