@@ -170,29 +170,6 @@ def test_goodput_policy_is_lossless_for_every_proposer(pm, tmp_path, out_root, p
     assert len(costs) == 1 and set(costs[0]["verify_s"]) == {"0", "2", "4", "7"}
 
 
-@pytest.mark.parametrize("batching", [BATCHING["batch3"], BATCHING["cb2"]], ids=["batch3", "cb2"])
-@pytest.mark.parametrize("proposer", ["prompt_lookup", "synthetic"])
-def test_goodput_holding_a_steady_k_is_lossless(pm, tmp_path, out_root, proposer, batching, monkeypatch):
-    """Holds (steady_window) engage mid-run and price only after each count while they last."""
-    from spdflow_decoding.goodput import Goodput
-
-    holds, observe = [], Goodput.observe
-
-    def watched(self, outcome):
-        observe(self, outcome)
-        holds.append(self.holding)
-
-    monkeypatch.setattr(Goodput, "observe", watched)
-    config = dict(PROPOSERS[proposer])
-    path = write(tmp_path, "spdflow:tinycode-target", out_root / f"goodput-hold-{proposer}", proposer, config,
-                 [0, 2, 4, 7], batching, max_new=48,
-                 extra="\nk_policy: {uses: goodput, with: {steady_window: 4, steady_share: 0.5, evidence: 4}}")
-    state = run(pm, path, check_lossless=True)
-    assert state.lossless["identical"], state.lossless
-    # whether a hold lets go depends on the measured step times; tests/plugins/test_k_policy.py drives that path
-    assert any(holds) and holds.count(0) > 8  # it held mid-run, after steps that did not
-
-
 class Recording:
     """A K policy that records what the engine tells it and proposes nothing every other step."""
 

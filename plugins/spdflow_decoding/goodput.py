@@ -34,7 +34,6 @@ class GoodputConfig(BaseModel):
     decay: float = Field(0.99, gt=0.0, le=1.0, description="Weight kept by older scored proposals per new one.")
     cost_ema: float = Field(0.05, gt=0.0, le=1.0, description="Step of the moving averages of verify, host and proposer time.")
     calibrate: bool = Field(True, description="Until a K has run two steps in a row, price it at its grid time x (the running K's learned time / its grid time): the grid's level was off by up to 10 % at batch 2 and 8, its ratios between Ks less.")
-    host_follows: bool = Field(False, description="Until a K has run, price its host time at the running K's learned host time (false: at the first step's host time, which carries one-off costs).")
     follow: float = Field(0.0, ge=0.0, le=1.0, description="Share of a steady step's change of its K's verify and host time passed on to every other K's (0: a K that does not run keeps its last figure; 0.8 measured better at batch 1 and worse at batch 2-4).")
     penalty_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving average of the switch penalty.")
     yield_ema: float = Field(0.1, gt=0.0, le=1.0, description="Step of the moving averages of the proposing share and run_on.")
@@ -49,9 +48,6 @@ class GoodputConfig(BaseModel):
     grades: bool = Field(True, description="Scale each row's acceptance by how proposals of its proposal's grade fared (a proposer that grades them, e.g. prompt lookup by matched n-gram length), after its request's last outcome where that is read.")
     budget_no_outcome: bool = Field(True, description="Price the proposer budget (whether to call the proposer, and how much) without the rows' last outcomes (outcome_batch): while the proposer is skipped no outcome is decided, so a row's last one is as old as the skipping, and a row that last missed kept it skipped.")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
-    steady_window: int = Field(0, ge=0, description="Steps per window over which the K of each step is tallied; when one K ran steady_share of a window's steps, goodput holds it: it answers that K without pricing, except on the step after each count of the observed steps, where a different priced K ends the hold (see Goodput's docstring). 0: never hold.")
-    steady_share: float = Field(0.97, gt=0.0, le=1.0, description="Share of a window's steps one K must have run for goodput to hold it.")
-    steady_max: int = Field(512, ge=1, description="Most steps of one hold; a hold lasts as many steps as goodput has held or qualified since its choices last moved, up to this.")
 
 
 def any_proposes(share: float, rows: int) -> float:
@@ -96,10 +92,8 @@ class StepCostModel:
     """
 
     def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float,
-                 follow: float = 0.0, calibrate: bool = False, host_follows: bool = False):
+                 follow: float = 0.0, calibrate: bool = False):
         self.cost_ema, self.penalty_ema, self.follow = cost_ema, penalty_ema, follow
-        #: Ks that have not run, whose host time is the running K's (``host_follows``); None: off
-        self.host_unrun: set[int] | None = set(ks) if host_follows else None
         self.ks = sorted(ks)
         self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in self.ks}
         for smaller, larger in zip(self.ks, self.ks[1:]):
@@ -177,10 +171,6 @@ class StepCostModel:
         host[k] += a * (host_s - before)
         if steady and follow:
             _carry(host, k, before, follow)
-        if self.host_unrun:
-            self.host_unrun.discard(k)
-            for other in self.host_unrun:
-                host[other] = host[k]
         self.last_k = self._observed_k = k
         if propose_s > 0:
             if self.propose_s is None:
@@ -531,18 +521,6 @@ class Goodput(KPolicy):
     ["Issue 23, round 3"; the skipping steps: "Issue 23, round 6"; "Issue 23, round 13"; "Issue 23,
     rounds 16 and 17".]
 
-    Holds (``steady_window``, 0 = off): where goodput keeps choosing one K it is fixed K plus its own
-    time, and at ties of two static choices that time is most of what it loses to the better one
-    (at synthetic 0.3, batch 2, K = 2 on 747 of 749 steps and 0.97 of fixed K = 2's tok/s, its host
-    share 2.7 points above fixed's). So after a window of ``steady_window`` steps with one K on
-    ``steady_share`` of them (estimates settled, proposer not skipped) it holds that K for as many
-    steps as it has kept to it, up to ``steady_max``. A hold still notes and counts every step;
-    only the step after each count is priced, and a different K there ends the hold, so a hold
-    saves the pricing of seven steps in eight and never outlasts a change of mind by more than
-    ``reprice_every`` steps. ["Issue 23, round 33": a hold that also stopped counting cut the time
-    from 74 to 28 us a step; round 34: it froze the estimates and held K = 4 for whole runs where
-    goodput moved to K = 2.]
-
     ``margin``, ``evidence`` and ``row_weight`` were chosen by replaying recorded runs
     (``spdflow whatif --oracle``) over the tuned-on workloads ("Issue 23, round 2"); ``decay``,
     ``cost_ema``, ``penalty_ema`` and ``prior_weight`` were replayed at half and twice their
@@ -570,7 +548,7 @@ class Goodput(KPolicy):
         self.ks = sorted(set(compiled_ks))
         self.rows = rows
         self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow,
-                                   config.calibrate, config.host_follows)
+                                   config.calibrate)
         self.acceptance = AcceptanceEstimator(self.ks[-1], config, 0 < config.outcome_batch <= rows)
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals
@@ -587,12 +565,6 @@ class Goodput(KPolicy):
         self._decided: dict[tuple, int] = {}  # choose_k's decisions since the estimates last changed
         self._pending: list = []  # (outcome, offered) of steps observed but not yet counted
         self._settled = False  # the estimates have enough evidence to act on (as of the last count)
-        self.holding = 0  # steps left of the current hold (see steady_window)
-        self.held: int | None = None  # the K of the current (or the last) hold
-        self._tally: dict[int, int] = {}  # K -> steps observed at it in the current window
-        self._window = 0  # steps observed in the current window
-        self._streak = 0  # steps since the last window whose choices moved
-        self._recheck = False  # holding, and the estimates were just counted: price the next step
 
     # -- the rule -------------------------------------------------------------------------------
 
@@ -673,13 +645,6 @@ class Goodput(KPolicy):
 
     def propose_budget(self, k_max, step):
         self.since_peek += 1
-        if self.holding and not self._recheck:
-            # goodput's last priced budget and its peeks, as without a hold: a budget of the held K
-            # alone scored no position above it, whose estimates faded to the prior (round 35)
-            if self.since_peek >= self.peek_every:
-                self.since_peek = 0
-                return k_max
-            return min(k_max, self.held if self._budget_k is None else max(self.held, self._budget_k))
         if self.skipping and self.since_peek < self.peek_every:
             # Skipping until the next peek: nothing here is read before then (the rows' tokens
             # left and requests are taken at the peek), so the step costs a counter.
@@ -711,19 +676,6 @@ class Goodput(KPolicy):
         return k_max if peek else min(k_max, self._budget_k)
 
     def choose_k(self, proposal_counts, compiled_ks):
-        if not self.holding or compiled_ks != self.ks:
-            return self._choose(proposal_counts, compiled_ks)
-        if not self._recheck:
-            self.offered = (len(proposal_counts) - proposal_counts.count(0)) / len(proposal_counts)
-            return self.held
-        # the first step after a count while holding is priced as any other; a different K ends the hold
-        self._recheck = False
-        k = self._choose(proposal_counts, compiled_ks)
-        if k != self.held:
-            self.holding = self._streak = 0
-        return k
-
-    def _choose(self, proposal_counts, compiled_ks) -> int:
         if compiled_ks != self.ks:
             ks = sorted(set(compiled_ks))
             if not ks:
@@ -778,29 +730,6 @@ class Goodput(KPolicy):
         self._pending.append((outcome, self.offered, before))
         if len(self._pending) >= self.config.reprice_every or not self._settled:
             self.count_pending()
-            self._recheck = self.holding > 1  # the estimates moved: price the next step
-        if self.holding:
-            self.holding -= 1
-        elif self.config.steady_window:
-            self._tally_step(k)
-
-    def _tally_step(self, k: int) -> None:
-        """Tally the step's K; at a window's end, hold its K if one ran nearly every step."""
-        tally, config = self._tally, self.config
-        tally[k] = tally.get(k, 0) + 1
-        self._window += 1
-        if self._window < config.steady_window:
-            return
-        top = max(tally, key=tally.__getitem__)
-        steady = tally[top] >= config.steady_share * self._window and self._settled and not self.skipping
-        self._tally, self._window = {}, 0
-        if not steady:
-            self._streak = 0
-            return
-        # a hold lasts as long as goodput has kept to one K since its choices last moved
-        self._streak = (self._streak if top == self.held else 0) + config.steady_window
-        self.held, self.holding = top, min(config.steady_max, self._streak)
-        self._streak += self.holding
 
     def count_pending(self) -> None:
         """Count the observed steps into the estimates, in order; forget decisions made before."""
