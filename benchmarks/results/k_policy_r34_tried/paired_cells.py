@@ -2,7 +2,7 @@
 goodput, each process paired against its own reference (``k_policy_tables.reference_row``), pooled over processes.
 From the repository root (the variant defaults to round 34's goodput_hold):
     python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r34_tried/tables_r1
-    python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r35_tried/tables goodput_r35"""
+    python benchmarks/results/k_policy_r34_tried/paired_cells.py benchmarks/results/k_policy_r35 goodput_r35"""
 import json
 import math
 import statistics
@@ -19,7 +19,7 @@ medians = {p: [] for p in POLICIES}
 for workload in sorted({path.name.split(".p")[0] for path in folder.glob("*.p*.json")}):
     processes = [json.loads(path.read_text()) for path in sorted(folder.glob(f"{workload}.p*.json"))]
     for batch in (1, 2, 4, 8):
-        pairs, hold = {p: [] for p in POLICIES}, []
+        pairs, versus = {p: [] for p in POLICIES}, []
         for rows in processes:
             mine = {row["mode"]: row for row in rows if row["batch_size"] == batch}
             if not mine:
@@ -28,14 +28,14 @@ for workload in sorted({path.name.split(".p")[0] for path in folder.glob("*.p*.j
             reference = reference_row(list(mine.values()))
             for policy in POLICIES:
                 pairs[policy] += paired_ratios(mine[policy], reference)
-            hold += paired_ratios(mine[VARIANT], mine["varK:goodput"])
-        if not hold:
+            versus += paired_ratios(mine[VARIANT], mine["varK:goodput"])
+        if not versus:
             continue
         cell = {p: statistics.median(pairs[p]) for p in POLICIES}
         for policy in POLICIES:
             medians[policy].append(cell[policy])
-        print(f"{workload} b{batch} n={len(hold)} goodput {cell['varK:goodput']:.3f} "
-              f"{VARIANT[5:]} {cell[VARIANT]:.3f} {VARIANT[5:]}/goodput {statistics.median(hold):.3f}")
+        print(f"{workload} b{batch} n={len(versus)} goodput {cell['varK:goodput']:.3f} "
+              f"{VARIANT[5:]} {cell[VARIANT]:.3f} {VARIANT[5:]}/goodput {statistics.median(versus):.3f}")
 for policy, values in medians.items():
     print(policy.removeprefix("varK:"), "geomean %.4f" % math.exp(sum(map(math.log, values)) / len(values)),
           "reached", sum(v >= 0.97 for v in values), "of", len(values))

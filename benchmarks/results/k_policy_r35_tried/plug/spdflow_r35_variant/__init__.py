@@ -1,6 +1,6 @@
 """Issue 23, round 35: goodput with both of round 34's parked changes on (the counting hold, steady_window 32, and
-host_follows), registered as a K policy of its own so that one `spdflow bench` runs it beside goodput. The fields exist only with
-`../hold_budget_host_follows_r35.diff` applied (`git apply`); both changes were reverted after rule R2."""
+host_follows), registered as a K policy of its own so that one `spdflow bench` runs it beside goodput. The fields
+exist only with `../hold_budget_host_follows_r35.diff` applied (`git apply`): both changes came off after rule R2."""
 from spdflow.hookspecs import hookimpl
 from spdflow_decoding.goodput import Goodput, GoodputConfig
 
