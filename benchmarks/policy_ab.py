@@ -13,7 +13,8 @@ goodput's own module, or with ``@FILE`` from that goodput.py loaded as a module 
 that). ``--set KEY=VALUE`` (repeatable) adds a recipe override to every cell, as ``spdflow bench --set`` does, e.g.
 ``devices.with.threads=1`` to A/B under other session settings. Per cell and variant it prints the median and range
 over repeats of the variant's tok/s ÷ goodput's in the same repeat, its host ms a run minus goodput's, and the steps a
-run, writes one JSON per cell into ``--out`` (``<workload>_b<batch>.<tag>.json``), and exits 1 if any run's tokens
+run, writes one JSON per cell into ``--out`` (``<workload>_b<batch>.<tag>.json``; each run with its steps per K,
+``k_steps``), and exits 1 if any run's tokens
 differ from the warm-up's no-spec tokens.
 ``--pool`` runs nothing: it pools every JSON in ``--out`` (several processes, by their tags) per cell and prints
 each variant's geometric mean over the cells. From the repository root:
@@ -31,6 +32,7 @@ import importlib.util
 import json
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +115,8 @@ def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: i
             steps = [r for r in run.records if r.get("kind") == "step"]
             runs[row][repeat] = {"tok_s": run.metrics.e2e_tokens_per_s, "steps": len(steps),
                                  "host_ms": sum(float(r["host_s"]) for r in steps) * 1e3,
-                                 "verify_ms": sum(float(r["verify_s"]) for r in steps) * 1e3}
+                                 "verify_ms": sum(float(r["verify_s"]) for r in steps) * 1e3,
+                                 "k_steps": {str(k): n for k, n in sorted(Counter(int(r["k"]) for r in steps).items())}}
             identical = identical and run.tokens == reference
             print(f"  {workload} b{batch} repeat {repeat} {row}: {run.metrics.e2e_tokens_per_s:.0f} tok/s",
                   file=sys.stderr, flush=True)
