@@ -17,7 +17,6 @@ scoring (:class:`spdflow.api.PolicyServices`).
 from __future__ import annotations
 
 import math
-import time
 from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,8 +48,6 @@ class GoodputConfig(BaseModel):
     grades: bool = Field(True, description="Scale each row's acceptance by how proposals of its proposal's grade fared (a proposer that grades them, e.g. prompt lookup by matched n-gram length), after its request's last outcome where that is read.")
     budget_no_outcome: bool = Field(True, description="Price the proposer budget (whether to call the proposer, and how much) without the rows' last outcomes (outcome_batch): while the proposer is skipped no outcome is decided, so a row's last one is as old as the skipping, and a row that last missed kept it skipped.")
     reprice_every: int = Field(8, ge=1, description="Once the estimate is settled: steps between countings of the observed steps into the estimates, which also re-price the proposer budget (whether to propose, and how much) and forget choose_k's cached decisions.")
-    own_share: float = Field(0.0, ge=0.0, lt=1.0, description="Most of a step the policy's own counting and pricing may take (0: count every reprice_every steps): counts are spaced so that their measured time, and the pricing that follows each, stays under this share of the running K's step time, from reprice_every up to 8x as many steps apart.")
-    learn_after: int = Field(1, ge=1, description="With calibrate: steady steps (a step at the same K as the one before) after which a K's own learned times replace its calibrated grid figure; until then, whenever another K runs steady, it is priced from the grid again.")
 
 
 def any_proposes(share: float, rows: int) -> float:
@@ -95,7 +92,7 @@ class StepCostModel:
     """
 
     def __init__(self, ks: Sequence[int], measured: dict[int, float] | None, cost_ema: float, penalty_ema: float,
-                 follow: float = 0.0, calibrate: bool = False, learn_after: int = 1):
+                 follow: float = 0.0, calibrate: bool = False):
         self.cost_ema, self.penalty_ema, self.follow = cost_ema, penalty_ema, follow
         self.ks = sorted(ks)
         self.verify_s = {k: float(measured[k]) if measured else 1.0 for k in self.ks}
@@ -104,8 +101,6 @@ class StepCostModel:
         self.grid = dict(self.verify_s)
         #: Ks priced from the grid, scaled to the running K (``calibrate``), until they run steady
         self.unlearned = set(self.ks) if calibrate and measured else set()
-        self.learn_after = learn_after
-        self.steady_steps = {k: 0 for k in self.ks}  # steady steps run at each K while it is unlearned
         self.host_s: dict[int, float | None] = {k: None for k in ks}
         self.penalty_s = 0.0  # extra verify time of the first step after a change of K
         self.propose_s: float | None = None  # seconds per proposer call, once one was seen
@@ -128,9 +123,7 @@ class StepCostModel:
         """K ran a steady step: it is learned, and each K not yet learned is priced at its grid
         time scaled as K's learned time is to K's grid time, within the learned Ks around it."""
         unlearned, verify, grid, ks = self.unlearned, self.verify_s, self.grid, self.ks
-        self.steady_steps[k] += 1
-        if self.steady_steps[k] >= self.learn_after:
-            unlearned.discard(k)
+        unlearned.discard(k)
         scale = verify[k] / grid[k] if grid[k] > 0 else 1.0
         # The learned Ks' figures around each unlearned K: the highest below it, the lowest above
         floors, ceilings, high, low = {}, {}, None, None
@@ -145,15 +138,11 @@ class StepCostModel:
             elif low is None or verify[j] < low:
                 low = verify[j]
         for other in unlearned:
-            if other == k:  # running, not yet learned: its own figure moves; the next K to run re-prices it
-                continue
             figure = grid[other] * scale
             floor, ceiling = floors[other], ceilings[other]
             floor = figure if floor is None else floor
             ceiling = figure if ceiling is None else ceiling
             verify[other] = min(max(figure, floor), max(ceiling, floor))
-            if self.learn_after > 1 and self.host_s[k] is not None:
-                self.host_s[other] = self.host_s[k]
 
     def observe(self, k: int, verify_s: float, host_s: float, propose_s: float) -> None:
         """One step's times, in order; K becomes the last K."""
@@ -559,7 +548,7 @@ class Goodput(KPolicy):
         self.ks = sorted(set(compiled_ks))
         self.rows = rows
         self.costs = StepCostModel(self.ks, measured, config.cost_ema, config.penalty_ema, config.follow,
-                                   config.calibrate, config.learn_after)
+                                   config.calibrate)
         self.acceptance = AcceptanceEstimator(self.ks[-1], config, 0 < config.outcome_batch <= rows)
         self._steps = 0
         self._cheapest: int | None = None  # cached cheapest K for steps without proposals
@@ -576,9 +565,6 @@ class Goodput(KPolicy):
         self._decided: dict[tuple, int] = {}  # choose_k's decisions since the estimates last changed
         self._pending: list = []  # (outcome, offered) of steps observed but not yet counted
         self._settled = False  # the estimates have enough evidence to act on (as of the last count)
-        self._every = config.reprice_every  # steps between counts (``own_share`` spaces them out)
-        self._work_s = 0.0  # seconds of pricing since the last count (timed with ``own_share``)
-        self._count_s: float | None = None  # moving average of a count and its pricing, in seconds
 
     # -- the rule -------------------------------------------------------------------------------
 
@@ -684,11 +670,8 @@ class Goodput(KPolicy):
             if peek:
                 self.count_pending()
             full = [self.ks[-1]] * len(self.left)
-            began = time.perf_counter() if self.config.own_share else 0.0
             self._budget_k = self.best(self.rates(full, self.costs.propose_s or 0.0, self.row_weights(),
                                                   share=self.acceptance.yield_rate, budget=True))
-            if began:
-                self._work_s += time.perf_counter() - began
         self.skipping = self._budget_k == 0
         return k_max if peek else min(k_max, self._budget_k)
 
@@ -721,10 +704,7 @@ class Goodput(KPolicy):
                grades)
         decided = self._decided.get(key)
         if decided is None:
-            began = time.perf_counter() if self.config.own_share else 0.0
             decided = self._decided[key] = self.best(self.rates(proposal_counts, weights=weights, grades=grades))
-            if began:
-                self._work_s += time.perf_counter() - began
         return decided
 
     def see_grades(self, grades):
@@ -748,7 +728,7 @@ class Goodput(KPolicy):
         # a request's last outcome is read at the next step, so it is noted now
         before = self.acceptance.note_outcomes(outcome.scored_requests, outcome.scored) if self.acceptance.by_outcome else ()
         self._pending.append((outcome, self.offered, before))
-        if len(self._pending) >= self._every or not self._settled:
+        if len(self._pending) >= self.config.reprice_every or not self._settled:
             self.count_pending()
 
     def count_pending(self) -> None:
@@ -756,7 +736,6 @@ class Goodput(KPolicy):
         if not self._pending:
             return
         costs, acceptance, config = self.costs, self.acceptance, self.config
-        began = time.perf_counter() if config.own_share else 0.0
         for outcome, offered, before in self._pending:
             costs.observe(outcome.k, outcome.verify_s, outcome.host_s, outcome.propose_s)
             if outcome.propose_s > 0:
@@ -774,18 +753,3 @@ class Goodput(KPolicy):
             peek_s = costs.propose_s + (host[low] or 0.0)
             every = peek_s / max(config.peek_share * (costs.verify_s[low] + (host[low] or 0.0)), 1e-9)
             self.peek_every = int(min(max(every, config.peek_min), config.peek_max))
-        if began:
-            self._space_counts(self._work_s + time.perf_counter() - began)
-
-    def _space_counts(self, work_s: float) -> None:
-        """``own_share``: a count and the pricing after the last one took ``work_s``; space the next counts so that
-        such work stays under that share of the running K's step time (``reprice_every`` to 8x as many steps)."""
-        config, costs = self.config, self.costs
-        self._work_s = 0.0
-        self._count_s = work_s if self._count_s is None else self._count_s + 0.2 * (work_s - self._count_s)
-        step_s = costs.step_cost(costs.last_k) if costs.last_k in costs.verify_s else 0.0
-        if not self._settled or step_s <= 0.0:
-            self._every = config.reprice_every
-            return
-        every = math.ceil(self._count_s / (config.own_share * step_s))
-        self._every = min(max(every, config.reprice_every), 8 * config.reprice_every)
