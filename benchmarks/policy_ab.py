@@ -116,7 +116,7 @@ def run_cell(workload: str, batch: int, modes: list[str], repeats: int, count: i
             runs[row][repeat] = {"tok_s": run.metrics.e2e_tokens_per_s, "steps": len(steps),
                                  "host_ms": sum(float(r["host_s"]) for r in steps) * 1e3,
                                  "verify_ms": sum(float(r["verify_s"]) for r in steps) * 1e3,
-                                 "k_steps": {str(k): n for k, n in sorted(Counter(int(r["k"]) for r in steps).items())}}
+                                 "k_steps": dict(sorted(Counter(int(r["k"]) for r in steps).items()))}
             identical = identical and run.tokens == reference
             print(f"  {workload} b{batch} repeat {repeat} {row}: {run.metrics.e2e_tokens_per_s:.0f} tok/s",
                   file=sys.stderr, flush=True)
